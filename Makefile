@@ -1,0 +1,58 @@
+# tfdist: every target sets itself up in .venv (idempotently), then runs.
+#
+#   make demo        distributed training of the example model on simulated devices
+#   make test        the test suite, under Keras 3 and then tf-keras
+#   make bench       benchmarks against TF's built-in strategies
+#   make bazel-test  bazel test //... offline with Debian's Bazel 4
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Re-install only when setup.py changes; each stamp records the extras done.
+STAMP_DIR := $(VENV)/.tfdist-stamps
+PYTEST_FLAGS ?=
+
+.PHONY: demo test test-keras3 test-tfkeras lint bench bazel-test venv clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP_DIR)/%: setup.py | $(PY)
+	$(PY) -m pip install -q -e ".[$(subst +,$(comma),$*)]"
+	mkdir -p $(STAMP_DIR) && touch $@
+
+comma := ,
+EXTRAS_TEST := $(STAMP_DIR)/test+legacy+examples
+EXTRAS_DEMO := $(STAMP_DIR)/examples
+EXTRAS_BENCH := $(STAMP_DIR)/bench+examples
+
+venv: $(EXTRAS_TEST)
+
+demo: $(EXTRAS_DEMO)
+	$(PY) examples/digits.py
+
+test: test-keras3 test-tfkeras lint
+
+# Every test, with Keras 3 as tf.keras.
+test-keras3: $(EXTRAS_TEST)
+	$(PY) -m pytest tests $(PYTEST_FLAGS)
+
+# Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1).
+test-tfkeras: $(EXTRAS_TEST)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m model $(PYTEST_FLAGS)
+
+lint: $(EXTRAS_TEST)
+	$(PY) -m mypy tfdist
+
+bench: $(EXTRAS_BENCH)
+	$(PY) benchmarks/allreduce.py
+	$(PY) benchmarks/fit.py
+
+bazel-test: $(EXTRAS_TEST)
+	@command -v bazel >/dev/null 2>&1 && [ -d /usr/share/bazel/rules/java ] || \
+	  (apt-get update -qq && apt-get install -y -qq bazel-bootstrap bazel-rules-java)
+	PYTHON_BIN_PATH=$(abspath $(PY)) bazel --batch test //...
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache

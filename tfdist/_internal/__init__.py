@@ -1,0 +1,1 @@
+"""tfdist internals: not public API; may change in any release."""

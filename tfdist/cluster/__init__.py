@@ -1,0 +1,1 @@
+"""TF_CONFIG clusters (placeholder until the cluster module lands)."""

@@ -1,0 +1,83 @@
+"""The exceptions tfdist raises on purpose.
+
+Every error tfdist raises deliberately is a `TfdistError`. Messages follow one
+form: what is wrong, the value received (`name=<repr>`), what was expected,
+and how to fix it.
+
+Hierarchy::
+
+    TfdistError(Exception)
+     +-- ConfigError(TfdistError, ValueError)        bad user-supplied setting
+     |    +-- ClusterConfigError                     bad TF_CONFIG / ClusterSpec
+     |    +-- DeviceConfigError                      bad device list / count
+     |    +-- LauncherError                          bad launcher arguments
+     +-- CollectiveError(TfdistError, RuntimeError)  a collective failed
+          +-- WorkerUnavailableError                 a peer task is lost
+          +-- CollectiveTimeoutError                 a wait ran past timeout_s
+
+This module imports nothing from TensorFlow, so it is safe to import
+anywhere, including in processes that never start the TF runtime.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterConfigError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "ConfigError",
+    "DeviceConfigError",
+    "LauncherError",
+    "TfdistError",
+    "WorkerUnavailableError",
+]
+
+
+class TfdistError(Exception):
+    """Base class for every error tfdist raises on purpose."""
+
+
+class ConfigError(TfdistError, ValueError):
+    """A user-supplied setting is invalid; the message says how to fix it."""
+
+
+class ClusterConfigError(ConfigError):
+    """TF_CONFIG or a cluster spec is malformed or inconsistent.
+
+    Attributes:
+      field: Dotted path of the offending field in TF_CONFIG, for example
+        `"task.index"` or `"cluster.worker[1]"`, or `None` when the whole
+        document is at fault.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class DeviceConfigError(ConfigError):
+    """A device list or logical-device count is invalid or cannot be applied."""
+
+
+class LauncherError(ConfigError):
+    """The local launcher was given arguments it cannot run."""
+
+
+class CollectiveError(TfdistError, RuntimeError):
+    """A collective or cross-worker wait failed at run time.
+
+    Attributes:
+      task: The peer task involved, as `"worker:1"`, or `None` if unknown.
+    """
+
+    def __init__(self, message: str, *, task: str | None = None) -> None:
+        super().__init__(message)
+        self.task = task
+
+
+class WorkerUnavailableError(CollectiveError):
+    """A peer task became unreachable; `task` names it."""
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A cross-worker wait did not complete within its `timeout_s`."""
