@@ -1,1 +1,41 @@
-"""TF_CONFIG clusters (placeholder until the cluster module lands)."""
+"""TF_CONFIG clusters: parse, validate, and hand to TensorFlow.
+
+    config = tfdist.cluster.parse_tf_config()   # reads TF_CONFIG once
+    config.task.name, config.is_chief           # ('worker:1', False)
+    resolver = tfdist.cluster.to_cluster_resolver(config)
+
+`parse_tf_config` turns TF_CONFIG into a frozen `ClusterConfig` (a
+`ClusterSpec` of jobs and addresses, this process's `TaskSpec`, and the
+`rpc_layer`), raising `tfdist.errors.ClusterConfigError` with the offending
+`field` for anything malformed. `ClusterConfig.to_json()` writes TF_CONFIG
+back, for launchers. `to_cluster_resolver` adapts a config to the
+`tf.distribute.cluster_resolver.ClusterResolver` that TF strategies take.
+
+`spec` and `tf_config` import nothing from TensorFlow; `resolver` does.
+"""
+
+from __future__ import annotations
+
+from tfdist.cluster.resolver import to_cluster_resolver
+from tfdist.cluster.spec import DEFAULT_RPC_LAYER
+from tfdist.cluster.spec import TASK_TYPES
+from tfdist.cluster.spec import Address
+from tfdist.cluster.spec import ClusterConfig
+from tfdist.cluster.spec import ClusterSpec
+from tfdist.cluster.spec import TaskSpec
+from tfdist.cluster.spec import TaskType
+from tfdist.cluster.tf_config import TF_CONFIG_ENV_VAR
+from tfdist.cluster.tf_config import parse_tf_config
+
+__all__ = [
+    "DEFAULT_RPC_LAYER",
+    "TASK_TYPES",
+    "TF_CONFIG_ENV_VAR",
+    "Address",
+    "ClusterConfig",
+    "ClusterSpec",
+    "TaskSpec",
+    "TaskType",
+    "parse_tf_config",
+    "to_cluster_resolver",
+]
