@@ -27,13 +27,27 @@ Glossary (the words every tfdist docstring uses, as in `tf.distribute`):
 from __future__ import annotations
 
 from tfdist import cluster
+from tfdist import collectives
 from tfdist import errors
 from tfdist import testing
+from tfdist.collectives import AllReduce
+from tfdist.collectives import AutoAllReduce
+from tfdist.collectives import ReduceToOneAllReduce
+from tfdist.collectives import RingAllReduce
+from tfdist.collectives import TreeAllReduce
 from tfdist.devices import local_devices
 from tfdist.devices import simulate_cpu_devices
+from tfdist.strategies import MirroredStrategy
 
 __all__ = [
+    "AllReduce",
+    "AutoAllReduce",
+    "MirroredStrategy",
+    "ReduceToOneAllReduce",
+    "RingAllReduce",
+    "TreeAllReduce",
     "cluster",
+    "collectives",
     "errors",
     "local_devices",
     "simulate_cpu_devices",

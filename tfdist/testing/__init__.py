@@ -1,15 +1,20 @@
 """Test helpers shipped with tfdist, so users can test their own models.
 
-Public API: `use_logical_cpus`, `main`, `assert_weights_close`.
+Public API: `use_logical_cpus`, `main`, `assert_weights_close`,
+`assert_matches_single_device`.
 """
 
 from __future__ import annotations
 
 from tfdist.testing.devices import main
 from tfdist.testing.devices import use_logical_cpus
+from tfdist.testing.numerics import Comparison
+from tfdist.testing.numerics import assert_matches_single_device
 from tfdist.testing.numerics import assert_weights_close
 
 __all__ = [
+    "Comparison",
+    "assert_matches_single_device",
     "assert_weights_close",
     "main",
     "use_logical_cpus",

@@ -1,0 +1,239 @@
+"""An alpha-beta cost model that picks the all-reduce algorithm per call.
+
+A transfer step costs a fixed latency alpha (seconds) plus beta seconds per
+byte. For n devices and a message of S bytes:
+
+    ring:          T = 2(n-1) * alpha  +  2(n-1)/n * S * beta
+    tree:          T = 2*ceil(log2 n) * (alpha + S * beta)
+    reduce_to_one: T = 2 * alpha       +  2(n-1) * S * beta
+
+(Reduce-to-one serialises n-1 receives and n-1 sends at the root.) Ring is
+bandwidth-optimal and wins for large S; tree and reduce-to-one have fewer
+steps and win for small S.
+
+Calibration measures, on the actual devices, each algorithm's time at two
+message sizes and solves its formula for that algorithm's own alpha and beta
+(`T = steps * alpha + factor * S * beta`). Per-algorithm constants matter on
+hosts where "links" are memory copies of very different cost (logical CPUs
+share one memory bus), and reduce to the textbook model where links are
+real. `AlphaBeta` constants can also be given directly, which keeps tests
+deterministic and lets a cluster ship measured numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping, Sequence
+
+from tfdist import errors
+
+__all__ = [
+    "AlphaBeta",
+    "CostModel",
+    "predicted_time_s",
+    "step_count",
+    "byte_factor",
+]
+
+_ALGORITHMS = ("ring", "tree", "reduce_to_one")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlphaBeta:
+    """Latency per step and time per byte of one algorithm's transfers.
+
+    Attributes:
+      alpha_s: Seconds per communication step, >= 0.
+      beta_s_per_byte: Seconds per byte moved, >= 0.
+    """
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_s", "beta_s_per_byte"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value >= 0):
+                raise errors.ConfigError(
+                    f"AlphaBeta.{name} must be a number >= 0; received "
+                    f"{name}={value!r}. Pass measured seconds."
+                )
+
+
+def step_count(algorithm: str, num_devices: int) -> int:
+    """Communication steps of `algorithm` on `num_devices` devices."""
+    if num_devices <= 1:
+        return 0
+    if algorithm == "ring":
+        return 2 * (num_devices - 1)
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(num_devices))
+    if algorithm == "reduce_to_one":
+        return 2
+    raise errors.ConfigError(
+        f"Unknown all-reduce algorithm={algorithm!r}; expected one of "
+        f"{_ALGORITHMS}."
+    )
+
+
+def byte_factor(algorithm: str, num_devices: int) -> float:
+    """Multiple of the message size S on the critical path of `algorithm`."""
+    n = num_devices
+    if n <= 1:
+        return 0.0
+    if algorithm == "ring":
+        return 2 * (n - 1) / n
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(n))
+    if algorithm == "reduce_to_one":
+        return 2 * (n - 1)
+    raise errors.ConfigError(
+        f"Unknown all-reduce algorithm={algorithm!r}; expected one of "
+        f"{_ALGORITHMS}."
+    )
+
+
+def predicted_time_s(
+    algorithm: str, num_devices: int, num_bytes: int, constants: AlphaBeta
+) -> float:
+    """The model's time for one all-reduce of `num_bytes` bytes."""
+    return (
+        step_count(algorithm, num_devices) * constants.alpha_s
+        + byte_factor(algorithm, num_devices)
+        * num_bytes
+        * constants.beta_s_per_byte
+    )
+
+
+class CostModel:
+    """Chooses the fastest algorithm for a message size on given devices.
+
+    Holds one `AlphaBeta` per algorithm, either given or measured by
+    `calibrate` (once per device set; later calls return the cached result).
+
+    Example:
+      >>> model = CostModel({"ring": AlphaBeta(1e-4, 1e-10),
+      ...                    "tree": AlphaBeta(1e-4, 1e-10),
+      ...                    "reduce_to_one": AlphaBeta(1e-4, 1e-10)})
+      >>> model.choose(num_devices=4, num_bytes=64 << 20)
+      'ring'
+    """
+
+    def __init__(self, constants: Mapping[str, AlphaBeta] | None = None) -> None:
+        """Creates a model from known constants, or an uncalibrated one.
+
+        Args:
+          constants: `AlphaBeta` per algorithm name ("ring", "tree",
+            "reduce_to_one"); algorithms left out are never chosen. `None`
+            means: measure on first use (`calibrate`).
+
+        Raises:
+          ConfigError: If a key is not an algorithm name.
+        """
+        self._fixed = dict(constants) if constants is not None else None
+        if self._fixed is not None:
+            for name in self._fixed:
+                if name not in _ALGORITHMS:
+                    raise errors.ConfigError(
+                        f"CostModel constants name unknown algorithm "
+                        f"{name!r}; expected keys from {_ALGORITHMS}."
+                    )
+            if not self._fixed:
+                raise errors.ConfigError(
+                    "CostModel constants={} is empty; give at least one "
+                    f"algorithm from {_ALGORITHMS}, or None to calibrate."
+                )
+        self._calibrated: dict[tuple[str, ...], dict[str, AlphaBeta]] = {}
+
+    def constants_for(self, devices: Sequence[str]) -> Mapping[str, AlphaBeta]:
+        """The per-algorithm constants used for `devices` (calibrating once)."""
+        if self._fixed is not None:
+            return self._fixed
+        key = tuple(devices)
+        if key not in self._calibrated:
+            self._calibrated[key] = calibrate(devices)
+        return self._calibrated[key]
+
+    def choose(
+        self,
+        *,
+        num_devices: int,
+        num_bytes: int,
+        devices: Sequence[str] | None = None,
+    ) -> str:
+        """Returns the algorithm with the least predicted time.
+
+        Args:
+          num_devices: Devices taking part.
+          num_bytes: Bytes per device in this all-reduce.
+          devices: The devices, needed only when the model calibrates.
+        """
+        if self._fixed is not None:
+            constants = self._fixed
+        else:
+            constants = self.constants_for(devices or ())
+        return min(
+            constants,
+            key=lambda name: predicted_time_s(
+                name, num_devices, num_bytes, constants[name]
+            ),
+        )
+
+
+#: Message sizes (bytes) timed by `calibrate`: one latency-bound, one
+#: bandwidth-bound.
+CALIBRATION_SIZES_BYTES = (4 << 10, 4 << 20)
+_CALIBRATION_REPEATS = 5
+
+
+def calibrate(devices: Sequence[str]) -> dict[str, AlphaBeta]:
+    """Measures every algorithm on `devices` and fits its alpha and beta.
+
+    Runs eagerly (lifted out of any enclosing `tf.function` trace), takes
+    about a second, and must be called where all `devices` are local.
+
+    Returns:
+      `AlphaBeta` per algorithm name.
+    """
+    import tensorflow as tf  # Late: the formulas above need no TensorFlow.
+
+    from tfdist.collectives import _algorithms
+
+    n = len(devices)
+    result: dict[str, AlphaBeta] = {}
+    with tf.init_scope():
+        for name, algorithm in _algorithms.ALGORITHMS.items():
+            timings = []
+            for num_bytes in CALIBRATION_SIZES_BYTES:
+                length = num_bytes // 4
+                inputs = []
+                for device in devices:
+                    with tf.device(device):
+                        inputs.append(tf.ones([length], tf.float32))
+
+                @tf.function
+                def run(xs, algorithm=algorithm):  # type: ignore[no-untyped-def]
+                    return algorithm(xs, devices, None)
+
+                run(inputs)  # Trace and warm up.
+                start = time.perf_counter()
+                for _ in range(_CALIBRATION_REPEATS):
+                    outputs = run(inputs)
+                _ = [o.numpy() for o in outputs[:1]]
+                timings.append((time.perf_counter() - start) / _CALIBRATION_REPEATS)
+            result[name] = _fit(name, n, timings)
+    return result
+
+
+def _fit(algorithm: str, num_devices: int, timings: Sequence[float]) -> AlphaBeta:
+    """Solves T = steps*alpha + factor*S*beta from the two calibration sizes."""
+    (small, large), (t_small, t_large) = CALIBRATION_SIZES_BYTES, timings
+    factor = byte_factor(algorithm, num_devices)
+    steps = step_count(algorithm, num_devices)
+    if factor == 0 or steps == 0:
+        return AlphaBeta(0.0, 0.0)
+    beta = max(t_large - t_small, 0.0) / (factor * (large - small))
+    alpha = max(t_small - factor * small * beta, 0.0) / steps
+    return AlphaBeta(alpha, beta)

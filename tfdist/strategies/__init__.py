@@ -1,0 +1,7 @@
+"""The strategies users construct: tf.distribute subclasses that Keras finds."""
+
+from __future__ import annotations
+
+from tfdist.strategies.mirrored import MirroredStrategy
+
+__all__ = ["MirroredStrategy"]

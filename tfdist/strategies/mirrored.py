@@ -1,0 +1,147 @@
+"""`tfdist.MirroredStrategy`: data parallelism over one machine's devices.
+
+A drop-in `tf.distribute.MirroredStrategy` whose gradient all-reduce is
+tfdist's (`tfdist.collectives.AllReduce`): ring, tree, reduce-to-one or
+cost-model "auto", with gradient bucketing and optional fp16/bf16
+compression. Variables are mirrored, each replica runs on one device, and
+every step's gradients are summed over replicas, so training with global
+batch B gives the same weights as one device with batch B.
+
+It also checks the one thing TF leaves to a late shape error: a global
+batch that `num_replicas_in_sync` does not divide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist import errors
+from tfdist.collectives import cost_model as cost_model_lib
+from tfdist.collectives import cross_device_ops
+from tfdist.strategies import _devices
+
+__all__ = ["MirroredStrategy"]
+
+
+class MirroredStrategy(tf.distribute.MirroredStrategy):
+    """Synchronous data parallelism on local devices with tfdist collectives.
+
+    Use exactly like `tf.distribute.MirroredStrategy`: build and compile the
+    model under `strategy.scope()`, then call `model.fit` (Keras 3 or
+    tf-keras). Each replica gets `global_batch_size / num_replicas_in_sync`
+    examples per step.
+
+    Contract: construct it once per process, before building models.
+    Arguments are validated before the TensorFlow runtime is touched,
+    except device existence, which needs the runtime. Integer values reduced
+    through the strategy (rare; not gradients) take TF's
+    `ReductionToOneDevice` path, as in TF's own MirroredStrategy.
+
+    Args:
+      devices: Device names, one replica each; `None` means all local
+        accelerators, else all logical CPUs.
+      all_reduce: "auto" (cost model per bucket), "ring", "tree" or
+        "reduce_to_one".
+      bucket_bytes: Byte cap of a gradient bucket, >= 1, or `None` for one
+        collective per gradient.
+      compression: `None`, "fp16" or "bf16" for the gradient transfers
+        (sums stay in float32).
+      cost_model: A `tfdist.collectives.CostModel` for "auto"; by default it
+        is calibrated on `devices` at the first step.
+
+    Raises:
+      ConfigError: Unknown `all_reduce` or `compression`, or a
+        non-positive `bucket_bytes`.
+      DeviceConfigError: Empty, duplicate or non-existent devices.
+      TypeError: Arguments of the wrong type.
+
+    Example:
+      >>> strategy = tfdist.MirroredStrategy(all_reduce="ring")
+      >>> with strategy.scope():
+      ...     model = build_model()
+      ...     model.compile(optimizer="adam", loss="mse")
+      >>> model.fit(dataset, epochs=3)
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[str] | None = None,
+        *,
+        all_reduce: str = "auto",
+        bucket_bytes: int | None = cross_device_ops.DEFAULT_BUCKET_BYTES,
+        compression: str | None = None,
+        cost_model: cost_model_lib.CostModel | None = None,
+    ) -> None:
+        all_reduce_op = cross_device_ops.AllReduce(
+            all_reduce,
+            bucket_bytes=bucket_bytes,
+            compression=compression,
+            cost_model=cost_model,
+        )
+        resolved = _devices.resolve_local_devices(devices)
+        super().__init__(devices=list(resolved), cross_device_ops=all_reduce_op)
+        self._all_reduce_op = all_reduce_op
+
+    @property
+    def cross_device_ops(self) -> cross_device_ops.AllReduce:
+        """The `tfdist.collectives.AllReduce` that reduces gradients."""
+        return self._all_reduce_op
+
+    def experimental_distribute_dataset(
+        self, dataset: tf.data.Dataset, options: Any = None
+    ) -> Any:
+        """Splits each global batch of `dataset` over the replicas.
+
+        As `tf.distribute.Strategy.experimental_distribute_dataset`, and
+        first checks that the global batch size divides by
+        `num_replicas_in_sync` (Keras 3 otherwise fails later with an AddN
+        shape error).
+
+        Raises:
+          ConfigError: If the batch size does not divide.
+        """
+        check_global_batch_divides(dataset, self.num_replicas_in_sync)
+        return super().experimental_distribute_dataset(dataset, options)
+
+
+def check_global_batch_divides(
+    dataset: tf.data.Dataset, num_replicas_in_sync: int
+) -> None:
+    """Raises ConfigError if `dataset`'s batch size leaves replicas unequal.
+
+    The static batch dimension is used when known; otherwise (a final
+    partial batch makes it unknown) the first batch is read once.
+    """
+    if num_replicas_in_sync == 1:
+        return
+    batch_size = _global_batch_size(dataset)
+    if batch_size is None or batch_size % num_replicas_in_sync == 0:
+        return
+    lower = batch_size - batch_size % num_replicas_in_sync
+    upper = lower + num_replicas_in_sync
+    suggestions = " or ".join(str(b) for b in (lower, upper) if b > 0)
+    raise errors.ConfigError(
+        f"global batch_size={batch_size} is not divisible by "
+        f"num_replicas_in_sync={num_replicas_in_sync}, so replicas would get "
+        f"unequal batches. Use a multiple of {num_replicas_in_sync} "
+        f"(e.g. batch_size={suggestions})."
+    )
+
+
+def _global_batch_size(dataset: tf.data.Dataset) -> int | None:
+    leaves = tf.nest.flatten(dataset.element_spec)
+    shapes = [leaf.shape for leaf in leaves if isinstance(leaf, tf.TensorSpec)]
+    if not shapes or shapes[0].rank in (None, 0):
+        return None
+    static = shapes[0][0]
+    if static is not None:
+        return int(static)
+    first = next(iter(dataset.take(1)), None)
+    if first is None:
+        return None
+    return int(tf.nest.flatten(first)[0].shape[0])
+
+
