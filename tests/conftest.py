@@ -1,5 +1,14 @@
-"""Every test process gets 4 logical CPUs before TensorFlow starts."""
+"""Test-process set-up shared by every tier.
+
+- 4 logical CPUs before TensorFlow starts (STYLE.md section 7).
+- absl flags marked parsed, so absltest helpers such as `create_tempdir`
+  work under pytest as they do under `python file.py`.
+"""
+
+from absl import flags
 
 from tfdist.testing import use_logical_cpus
 
 use_logical_cpus(4)
+if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()

@@ -12,6 +12,7 @@ from tfdist import errors
 
 __all__ = [
     "Comparison",
+    "assert_inference_matches",
     "assert_matches_single_device",
     "assert_weights_close",
     "max_weight_difference",
@@ -113,6 +114,7 @@ def assert_matches_single_device(
     atol: float,
     sample_weight: Any = None,
     fit_kwargs: Mapping[str, Any] | None = None,
+    check_inference: bool = True,
 ) -> Comparison:
     """Trains one model on one device and under `strategy`; asserts they match.
 
@@ -136,6 +138,8 @@ def assert_matches_single_device(
       atol: Absolute tolerance.
       sample_weight: Optional per-example weights for both runs.
       fit_kwargs: Extra keyword arguments for both `fit` calls.
+      check_inference: Also compare `evaluate` metrics and `predict`
+        outputs (three more traced functions per model).
 
     Returns:
       A `Comparison` with both models and histories.
@@ -164,9 +168,40 @@ def assert_matches_single_device(
         )
         histories.append(history.history)
     assert_weights_close(distributed, reference, rtol=rtol, atol=atol)
+    comparison = Comparison(
+        single_device_model=reference,
+        distributed_model=distributed,
+        single_device_history=histories[0],
+        distributed_history=histories[1],
+        max_weight_difference=max_weight_difference(distributed, reference),
+    )
+    if check_inference:
+        assert_inference_matches(
+            reference, distributed, x, y,
+            batch_size=global_batch_size, rtol=rtol, atol=atol,
+        )
+    return comparison
+
+
+def assert_inference_matches(
+    reference: Any,
+    candidate: Any,
+    x: Any,
+    y: Any,
+    *,
+    batch_size: int,
+    rtol: float,
+    atol: float,
+) -> None:
+    """Asserts `evaluate` metrics and `predict` outputs of two models agree.
+
+    Raises:
+      AssertionError: Naming the metric, or "predict", that differs.
+    """
+    # Any: Keras 3 and tf-keras models share no common base class.
     evaluations = [
-        model.evaluate(x, y, batch_size=global_batch_size, verbose=0, return_dict=True)
-        for model in (reference, distributed)
+        model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+        for model in (reference, candidate)
     ]
     for name, value in evaluations[0].items():
         np.testing.assert_allclose(
@@ -174,17 +209,10 @@ def assert_matches_single_device(
             err_msg=f"evaluate() metric {name!r} differs",
         )
     predictions = [
-        model.predict(x, batch_size=global_batch_size, verbose=0)
-        for model in (reference, distributed)
+        model.predict(x, batch_size=batch_size, verbose=0)
+        for model in (reference, candidate)
     ]
     np.testing.assert_allclose(
         predictions[1], predictions[0], rtol=rtol, atol=atol,
         err_msg="predict() outputs differ",
-    )
-    return Comparison(
-        single_device_model=reference,
-        distributed_model=distributed,
-        single_device_history=histories[0],
-        distributed_history=histories[1],
-        max_weight_difference=max_weight_difference(distributed, reference),
     )
