@@ -38,11 +38,13 @@ from tfdist.collectives import TreeAllReduce
 from tfdist.devices import local_devices
 from tfdist.devices import simulate_cpu_devices
 from tfdist.strategies import MirroredStrategy
+from tfdist.strategies import MultiWorkerMirroredStrategy
 
 __all__ = [
     "AllReduce",
     "AutoAllReduce",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "ReduceToOneAllReduce",
     "RingAllReduce",
     "TreeAllReduce",

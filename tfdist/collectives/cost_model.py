@@ -184,7 +184,9 @@ class CostModel:
 
 #: Message sizes (bytes) timed by `calibrate`: one latency-bound, one
 #: bandwidth-bound.
-CALIBRATION_SIZES_BYTES = (4 << 10, 4 << 20)
+CALIBRATION_SIZES_BYTES = (64 << 10, 8 << 20)
+#: Each size is timed this many times and the fastest run kept: the minimum
+#: is the estimate least disturbed by other work on the machine.
 _CALIBRATION_REPEATS = 5
 
 
@@ -218,11 +220,13 @@ def calibrate(devices: Sequence[str]) -> dict[str, AlphaBeta]:
                     return algorithm(xs, devices, None)
 
                 run(inputs)  # Trace and warm up.
-                start = time.perf_counter()
+                fastest = float("inf")
                 for _ in range(_CALIBRATION_REPEATS):
+                    start = time.perf_counter()
                     outputs = run(inputs)
-                _ = [o.numpy() for o in outputs[:1]]
-                timings.append((time.perf_counter() - start) / _CALIBRATION_REPEATS)
+                    outputs[-1].numpy()  # Wait for the last device's result.
+                    fastest = min(fastest, time.perf_counter() - start)
+                timings.append(fastest)
             result[name] = _fit(name, n, timings)
     return result
 

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from tfdist.strategies.mirrored import MirroredStrategy
+from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
-__all__ = ["MirroredStrategy"]
+__all__ = ["MirroredStrategy", "MultiWorkerMirroredStrategy"]

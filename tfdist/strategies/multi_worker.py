@@ -1,0 +1,153 @@
+"""`tfdist.MultiWorkerMirroredStrategy`: data parallelism over TF_CONFIG workers.
+
+A `tf.distribute.MultiWorkerMirroredStrategy` (Keras 3 aggregates metrics
+and `predict` rows across workers only for that class) whose cluster comes
+from `tfdist.cluster` (validated TF_CONFIG) and whose collectives carry a
+timeout. It also works around two Keras 3 bugs in the multi-worker path
+(`shared/notes/tf-extension-points.md`, Q4):
+
+1. `Trainer._maybe_symbolic_build` calls `strategy.reduce("MEAN", (x, y),
+   axis=None)`; TF's `CollectiveAllReduceExtended._reduce_to` does not map
+   over nested structures and fails with "Attempt to convert a value
+   (PerReplica...)".
+2. `trainer.reduce_per_replica` calls `strategy.reduce("MEAN", scalar,
+   axis=0)`, which TF rejects ("Invalid reduction dimension 0 for input
+   with 0 dimensions").
+
+`reduce` below maps over the structure and, for scalar values, reduces
+across replicas only (for a scalar, "along axis 0" adds nothing).
+
+Datasets given to `experimental_distribute_dataset` are sharded by element
+(`AutoShardPolicy.DATA`) explicitly: each worker takes its slice of every
+global batch, so training equals one process with the same global batch,
+and TF's "failed to apply FILE sharding policy" warning never appears.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist import errors
+from tfdist._internal import validation
+from tfdist.cluster import ClusterConfig
+from tfdist.cluster import parse_tf_config
+from tfdist.cluster import to_cluster_resolver
+from tfdist.strategies import mirrored
+
+__all__ = ["DEFAULT_TIMEOUT_S", "MultiWorkerMirroredStrategy"]
+
+#: Default bound on one cross-worker collective, in seconds.
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """Synchronous data parallelism over the workers of a TF_CONFIG cluster.
+
+    Every worker process runs the same script; each constructs this strategy
+    (at the start of the program, before other TensorFlow work), builds the
+    model under `scope()` and calls `model.fit`. Gradients are all-reduced
+    across all replicas of all workers with TensorFlow's collective ops over
+    gRPC.
+
+    Contract: construction blocks until every worker of the cluster has
+    started its strategy (TF's collective group set-up). Every collective
+    fails with a `tf.errors.DeadlineExceededError` after `timeout_s` if a
+    peer does not take part.
+
+    Args:
+      cluster: A `tfdist.cluster.ClusterConfig`, a TF_CONFIG JSON string or
+        dict, or `None` to read the `TF_CONFIG` environment variable.
+      timeout_s: Bound on each cross-worker collective, seconds (> 0).
+      bucket_bytes: Pack gradients into collectives of about this many
+        bytes (>= 1), or `None` for TF's default.
+
+    Raises:
+      ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid.
+      ConfigError: For a non-positive `timeout_s` or `bucket_bytes`, or a
+        task type that does not train (ps, evaluator).
+
+    Example:
+      >>> strategy = tfdist.MultiWorkerMirroredStrategy()  # from TF_CONFIG
+      >>> with strategy.scope():
+      ...     model = build_model()
+      ...     model.compile(optimizer="adam", loss="mse")
+      >>> model.fit(dataset, epochs=3)
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterConfig | str | dict[str, Any] | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        bucket_bytes: int | None = None,
+    ) -> None:
+        # dict[str, Any]: TF_CONFIG is free-form JSON; parse_tf_config checks it.
+        config = cluster if isinstance(cluster, ClusterConfig) else parse_tf_config(cluster)
+        timeout = validation.check_positive_number("timeout_s", timeout_s)
+        if bucket_bytes is not None:
+            validation.check_positive_int("bucket_bytes", bucket_bytes)
+        if config.task is not None and config.task.task_type not in ("chief", "worker"):
+            raise errors.ConfigError(
+                f"MultiWorkerMirroredStrategy runs on chief and worker tasks; "
+                f"received task={config.task.name!r}. Start ps/evaluator tasks "
+                "without this strategy, or drop them from the cluster."
+            )
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=bucket_bytes or 0,
+            timeout_seconds=timeout,
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        )
+        super().__init__(
+            cluster_resolver=to_cluster_resolver(config),
+            communication_options=options,
+        )
+        self._cluster_config = config
+        self._timeout_s = timeout
+
+    @property
+    def cluster_config(self) -> ClusterConfig:
+        """The validated cluster this strategy runs on."""
+        return self._cluster_config
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
+        """As `tf.distribute.Strategy.reduce`, over nests and scalars.
+
+        Fixes the two Keras 3 multi-worker failures described in the module
+        docstring; results are otherwise TF's.
+        """
+        parent = super()
+
+        def reduce_one(component: Any) -> Any:
+            first = (
+                component.values[0]
+                if isinstance(component, tf.distribute.DistributedValues)
+                else component
+            )
+            rank = getattr(first, "shape", tf.TensorShape(None)).rank
+            return parent.reduce(reduce_op, component, None if rank == 0 else axis)
+
+        return tf.nest.map_structure(reduce_one, value)
+
+    def experimental_distribute_dataset(
+        self, dataset: tf.data.Dataset, options: Any = None
+    ) -> Any:
+        """Shards each global batch of `dataset` over workers and replicas.
+
+        Raises:
+          ConfigError: If the global batch size does not divide by
+            `num_replicas_in_sync`.
+        """
+        mirrored.check_global_batch_divides(dataset, self.num_replicas_in_sync)
+        data_options = tf.data.Options()
+        data_options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA
+        )
+        return super().experimental_distribute_dataset(
+            dataset.with_options(data_options), options
+        )
