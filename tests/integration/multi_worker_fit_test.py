@@ -1,0 +1,133 @@
+"""tfdist.MultiWorkerMirroredStrategy on a 2-process cluster on 127.0.0.1.
+
+Each worker builds the strategy from its TF_CONFIG and trains through
+`model.fit`; the result must equal one process training with the same
+global batch. Runs under Keras 3 and (TF_USE_LEGACY_KERAS=1) tf-keras.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist import errors
+from tfdist.testing import run_local_cluster
+
+pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
+
+# Same examples and initial weights; only float32 summation order differs.
+FLOAT32_RTOL = 1e-5
+FLOAT32_ATOL = 1e-6
+GLOBAL_BATCH_SIZE = 32
+NUM_EXAMPLES = 128
+CLUSTER_TIMEOUT_S = 150
+
+
+def train(use_strategy: bool) -> dict[str, object]:
+    """Fits the test model; with `use_strategy`, on the TF_CONFIG cluster."""
+    keras = tf.keras
+    strategy = (
+        tfdist.MultiWorkerMirroredStrategy(timeout_s=60)
+        if use_strategy
+        else tf.distribute.get_strategy()
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(NUM_EXAMPLES, 8)).astype("float32")
+    y = rng.integers(0, 3, NUM_EXAMPLES).astype("int32")
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(3),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    history = model.fit(
+        x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0
+    )
+    return {
+        "weights": model.get_weights(),
+        "loss": history.history["loss"],
+        "evaluate": model.evaluate(x, y, batch_size=GLOBAL_BATCH_SIZE, verbose=0),
+        "predict": model.predict(x, batch_size=GLOBAL_BATCH_SIZE, verbose=0),
+    }
+
+
+
+class MultiWorkerFitTest(tf.test.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.workers = run_local_cluster(
+            train, num_workers=2, args=(True,), timeout_s=CLUSTER_TIMEOUT_S
+        )
+        cls.reference = train(False)
+
+    def test_workers_end_with_identical_weights(self):
+        first, second = self.workers
+        for a, b in zip(first["weights"], second["weights"]):
+            self.assertAllEqual(a, b)
+
+    def test_weights_match_single_process_with_same_global_batch(self):
+        for worker in self.workers:
+            for a, b in zip(worker["weights"], self.reference["weights"]):
+                self.assertAllClose(a, b, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+
+    def test_fit_and_evaluate_metrics_match_single_process(self):
+        for worker in self.workers:
+            self.assertAllClose(
+                worker["loss"], self.reference["loss"],
+                rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
+            )
+            self.assertAllClose(
+                worker["evaluate"], self.reference["evaluate"],
+                rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
+            )
+
+    def test_predict_returns_every_row_once_in_order(self):
+        for worker in self.workers:
+            self.assertEqual(worker["predict"].shape, (NUM_EXAMPLES, 3))
+            self.assertAllClose(
+                worker["predict"], self.reference["predict"],
+                rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
+            )
+
+
+class MultiWorkerConfigTest(tf.test.TestCase):
+
+    def test_invalid_tf_config_raises_cluster_config_error(self):
+        with self.assertRaisesRegex(errors.ClusterConfigError, "index"):
+            tfdist.MultiWorkerMirroredStrategy(
+                '{"cluster": {"worker": ["127.0.0.1:1"]}, '
+                '"task": {"type": "worker", "index": 3}}'
+            )
+
+    def test_ps_task_raises_config_error_before_starting(self):
+        with self.assertRaisesRegex(errors.ConfigError, "ps:0"):
+            tfdist.MultiWorkerMirroredStrategy(
+                {
+                    "cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+                    "task": {"type": "ps", "index": 0},
+                }
+            )
+
+    def test_non_positive_timeout_raises_config_error(self):
+        with self.assertRaisesRegex(errors.ConfigError, "timeout_s=0"):
+            tfdist.MultiWorkerMirroredStrategy(
+                '{"cluster": {"worker": ["127.0.0.1:1"]}, '
+                '"task": {"type": "worker", "index": 0}}',
+                timeout_s=0,
+            )
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
