@@ -22,7 +22,9 @@ setuptools.setup(
         "keras>=3.3,<3.16",
         "numpy>=1.26",
         "absl-py>=1.0",
+        "portpicker>=1.6",  # tfdist.cluster.launcher picks local ports.
     ],
+    entry_points={"console_scripts": ["tfdist-launch=tfdist.launch:run_cli"]},
     extras_require={
         "legacy": ["tf-keras>=2.16,<2.22"],
         "examples": ["scikit-learn>=1.3"],

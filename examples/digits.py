@@ -5,6 +5,7 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python examples/digits.py                       # 4 simulated CPUs, tfdist ring/tree/auto
     python examples/digits.py --strategy=tf_mirrored  # TF's built-in, to compare
     python examples/digits.py --data_path=my.npz    # your own data: arrays x (N, F), y (N,)
+    python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=multi_worker
 
 Prints Keras's progress bar, then per-epoch test accuracy and examples/s.
 """
@@ -22,9 +23,11 @@ import numpy as np
 import tfdist
 
 _STRATEGY = flags.DEFINE_enum(
-    "strategy", "mirrored", ["mirrored", "tf_mirrored", "single"],
-    "mirrored: tfdist.MirroredStrategy; tf_mirrored: tf.distribute's built-in "
-    "MirroredStrategy; single: one device, no strategy.")
+    "strategy", "mirrored", ["mirrored", "multi_worker", "tf_mirrored", "single"],
+    "mirrored: tfdist.MirroredStrategy; multi_worker: "
+    "tfdist.MultiWorkerMirroredStrategy over the TF_CONFIG cluster; "
+    "tf_mirrored: tf.distribute's built-in MirroredStrategy; single: one "
+    "device, no strategy.")
 _SIMULATE_CPU_DEVICES = flags.DEFINE_integer(
     "simulate_cpu_devices", 4,
     "Split the CPU into this many logical devices (0: use real devices).",
@@ -128,11 +131,18 @@ def make_strategy(config: TrainConfig):
         return tf.distribute.get_strategy()
     if config.strategy == "tf_mirrored":
         return tf.distribute.MirroredStrategy()
+    if config.strategy == "multi_worker":
+        if tfdist.cluster.parse_tf_config().is_local:
+            print("No TF_CONFIG cluster: training as a 1-worker cluster. For a "
+                  "2-worker cluster on this machine run:\n  python -m "
+                  "tfdist.launch --workers 2 -- python examples/digits.py "
+                  "--strategy=multi_worker", flush=True)
+        return tfdist.MultiWorkerMirroredStrategy()  # tfdist: workers from TF_CONFIG.
     return tfdist.MirroredStrategy(all_reduce=config.all_reduce)  # tfdist: all local devices.
 
 
 def train(config: TrainConfig) -> TrainResult:
-    if config.simulate_cpu_devices:
+    if config.simulate_cpu_devices and config.strategy != "multi_worker":
         tfdist.simulate_cpu_devices(config.simulate_cpu_devices)  # tfdist: N logical CPUs.
     from tensorflow import keras
 

@@ -1,11 +1,12 @@
 """Test helpers shipped with tfdist, so users can test their own models.
 
 Public API: `use_logical_cpus`, `main`, `assert_weights_close`,
-`assert_matches_single_device`.
+`assert_matches_single_device`, `run_local_cluster`.
 """
 
 from __future__ import annotations
 
+from tfdist.testing.cluster import run_local_cluster
 from tfdist.testing.devices import main
 from tfdist.testing.devices import use_logical_cpus
 from tfdist.testing.numerics import Comparison
@@ -17,5 +18,6 @@ __all__ = [
     "assert_matches_single_device",
     "assert_weights_close",
     "main",
+    "run_local_cluster",
     "use_logical_cpus",
 ]

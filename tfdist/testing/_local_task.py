@@ -23,8 +23,10 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__" and sys.path and sys.path[0] == os.path.dirname(
-    os.path.abspath(__file__)
+if (
+    __name__ == "__main__"
+    and sys.path
+    and sys.path[0] == os.path.dirname(os.path.abspath(__file__))
 ):
     # Running a script puts its own directory, tfdist/testing/, first on
     # sys.path; it is no package root, so take it off before any import.
@@ -79,7 +81,7 @@ def _write(path: str, payload: bytes) -> None:
 
 
 def _serve_ps() -> None:
-    import tensorflow as tf  # Only ps tasks need TensorFlow here.
+    import tensorflow as tf  # type: ignore[import-untyped]  # ps tasks only.
 
     from tfdist import cluster
 
@@ -93,6 +95,12 @@ def _serve_ps() -> None:
         start=True,
     )
     server.join()  # Blocks until the parent kills this task.
+
+
+def _type_name(cls: type) -> str:
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -115,7 +123,7 @@ def main(argv: Sequence[str]) -> int:
                 exception = None
             error = (
                 "error",
-                f"{type(e).__module__}.{type(e).__qualname__}",
+                _type_name(type(e)),
                 str(e),
                 traceback.format_exc(),
                 exception,

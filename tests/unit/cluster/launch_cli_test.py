@@ -1,0 +1,466 @@
+"""Tests for the `python -m tfdist.launch` / `tfdist-launch` command line.
+
+Most tests call `run_cli` in this process with string buffers for output;
+the launched tasks are tiny `python -c` programs without TensorFlow. The
+signal test starts the launcher itself as a process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import os
+import queue
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import yaml
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tfdist import launch
+from tfdist.cluster import spec
+from tfdist.cluster import tf_config
+
+# Far above what any job here needs: catches hangs, not slow machines.
+_BOUND_S = 60.0
+
+# Prints TF_CONFIG. The chief exits only after the ps and evaluator tasks
+# have printed theirs (each closes its FIFO in argv[1] after printing), since
+# the job stops those tasks as soon as the chief and workers are done.
+_PRINT_TF_CONFIG_ALL = (
+    "import json, os, sys\n"
+    "print(os.environ['TF_CONFIG'], flush=True)\n"
+    "kind = json.loads(os.environ['TF_CONFIG'])['task']['type']\n"
+    "if kind in ('ps', 'evaluator'):\n"
+    "    open(os.path.join(sys.argv[1], kind), 'w').close()\n"
+    "elif kind == 'chief':\n"
+    "    for other in ('ps', 'evaluator'):\n"
+    "        open(os.path.join(sys.argv[1], other)).read()\n"
+)
+
+
+def _make_fifos(test: absltest.TestCase) -> str:
+    """A directory holding the FIFOs `ps` and `evaluator`."""
+    directory = test.create_tempdir().full_path
+    for name in ("ps", "evaluator"):
+        os.mkfifo(os.path.join(directory, name))
+    return directory
+
+
+_BLOCK_FOREVER = "import threading; threading.Event().wait()"
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = launch.run_cli(list(argv), stdout=out, stderr=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def _python(code: str, *args: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", code, *args)
+
+
+def _tf_configs(out: str) -> dict[str, spec.ClusterConfig]:
+    """Parses `[task] {TF_CONFIG}` lines into task name -> config."""
+    configs = {}
+    for line in out.splitlines():
+        prefix, text = line.split(" ", 1)
+        configs[prefix.strip("[]")] = tf_config.parse_tf_config(text)
+    return configs
+
+
+class LaunchTest(parameterized.TestCase):
+    def test_every_task_gets_its_own_tf_config_with_prefix(self):
+        status, out, err = _cli(
+            "--workers",
+            "2",
+            "--ps",
+            "1",
+            "--chief",
+            "--evaluator",
+            "--",
+            *_python(_PRINT_TF_CONFIG_ALL, _make_fifos(self)),
+        )
+
+        self.assertEqual(status, 0, err)
+        configs = _tf_configs(out)
+        self.assertCountEqual(
+            configs,
+            ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"],
+        )
+        (cluster,) = {config.cluster for config in configs.values()}
+        for name, config in configs.items():
+            self.assertIsNotNone(config.task)
+            self.assertEqual(config.task.name, name)
+        for address in cluster.to_dict()["worker"]:
+            self.assertStartsWith(address, "127.0.0.1:")
+        self.assertIn("tfdist-launch: all 3 chief/worker task(s) exited 0", err)
+
+    def test_failing_task_named_with_exit_code_and_others_stopped(self):
+        code = (
+            "import json, os, sys, threading\n"
+            "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+            "    sys.exit(3)\n"
+            "threading.Event().wait()\n"
+        )
+        started_s = time.monotonic()
+
+        status, _, err = _cli("--workers", "3", "--", *_python(code))
+
+        self.assertEqual(status, 1)
+        self.assertIn(
+            "tfdist-launch: task worker:1 exited with code 3; stopped the "
+            "other 2 task(s): worker:0, worker:2.",
+            err,
+        )
+        self.assertLess(time.monotonic() - started_s, _BOUND_S)
+
+    def test_restarts_relaunch_after_first_failure(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            marker = os.path.join(tmp, "failed-once")
+            code = (
+                "import sys\n"
+                "try:\n"
+                "    open(sys.argv[1], 'x').close()\n"
+                "except FileExistsError:\n"
+                "    sys.exit(0)\n"
+                "sys.exit(3)\n"
+            )
+
+            status, _, err = _cli(
+                "--workers",
+                "1",
+                "--restarts",
+                "1",
+                "--",
+                *_python(code, marker),
+            )
+
+        self.assertEqual(status, 0, err)
+        self.assertIn(
+            "tfdist-launch: restart 1/1: task worker:0 exited with code 3",
+            err,
+        )
+
+    def test_timeout_kills_every_task_and_exits_124(self):
+        started_s = time.monotonic()
+
+        status, _, err = _cli(
+            "--workers",
+            "2",
+            "--timeout-s",
+            "0.5",
+            "--grace-period-s",
+            "1",
+            "--",
+            *_python(_BLOCK_FOREVER),
+        )
+
+        self.assertEqual(status, 124)
+        self.assertIn("ran past timeout_s=0.5", err)
+        self.assertIn("worker:0, worker:1", err)
+        self.assertLess(time.monotonic() - started_s, _BOUND_S)
+
+    def test_missing_program_is_a_usage_error(self):
+        status, _, err = _cli("--workers", "1", "--", "/nonexistent/prog")
+
+        self.assertEqual(status, 2)
+        self.assertIn("cannot start task worker:0", err)
+
+
+class PrintTfConfigTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        ("without_command", ()),
+        ("with_command", ("python", "train.py", "--name", "a b")),
+    )
+    def test_every_printed_tf_config_parses(self, command):
+        hosts = "c:2222,w0:2222,w1:2222,p:2222,e:2222"
+        argv = [
+            "--workers",
+            "2",
+            "--ps",
+            "1",
+            "--chief",
+            "--evaluator",
+            "--print-tf-config",
+            "--hosts",
+            hosts,
+        ]
+        if command:
+            argv += ["--", *command]
+
+        status, out, err = _cli(*argv)
+
+        self.assertEqual(status, 0, err)
+        exports = [
+            shlex.split(line)[1].split("=", 1)[1]
+            for line in out.splitlines()
+            if line.startswith("export TF_CONFIG=")
+        ]
+        configs = [tf_config.parse_tf_config(text) for text in exports]
+        self.assertEqual(
+            [c.task.name for c in configs],
+            ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"],
+        )
+        self.assertEqual([c.address for c in configs], hosts.split(","))
+        self.assertEqual(
+            out.count(shlex.join(command) + "\n") if command else 0,
+            5 if command else 0,
+        )
+
+
+class EmitTfjobTest(parameterized.TestCase):
+    def test_manifest_is_yaml_with_replicas_name_and_image(self):
+        status, out, err = _cli(
+            "--workers",
+            "4",
+            "--ps",
+            "2",
+            "--chief",
+            "--emit",
+            "tfjob",
+            "--name",
+            "train-job",
+            "--image",
+            "me/train:1",
+            "--restarts",
+            "2",
+            "--",
+            "python",
+            "train.py",
+            "--steps",
+            "10",
+        )
+
+        self.assertEqual(status, 0, err)
+        manifest = yaml.safe_load(out)
+        self.assertEqual(manifest["kind"], "TFJob")
+        self.assertEqual(manifest["metadata"]["name"], "train-job")
+        self.assertEqual(manifest["spec"]["runPolicy"]["backoffLimit"], 2)
+        replicas = manifest["spec"]["tfReplicaSpecs"]
+        self.assertEqual(
+            {name: r["replicas"] for name, r in replicas.items()},
+            {"Chief": 1, "Worker": 4, "PS": 2},
+        )
+        (container,) = replicas["Worker"]["template"]["spec"]["containers"]
+        self.assertEqual(container["image"], "me/train:1")
+        self.assertEqual(
+            container["command"], ["python", "train.py", "--steps", "10"]
+        )
+
+
+class BadArgumentsTest(parameterized.TestCase):
+    @parameterized.named_parameters(
+        (
+            "zero_workers",
+            ["--workers", "0", "--", "x"],
+            r"--workers: expected an integer >= 1, received --workers '0'",
+        ),
+        (
+            "text_workers",
+            ["--workers", "two", "--", "x"],
+            r"received --workers 'two'",
+        ),
+        (
+            "negative_ps",
+            ["--workers", "1", "--ps", "-1", "--", "x"],
+            r"expected an integer >= 0, received --ps '-1'",
+        ),
+        (
+            "missing_workers",
+            ["--", "x"],
+            r"required: --workers. Pass the number of worker tasks",
+        ),
+        (
+            "missing_command",
+            ["--workers", "2"],
+            r"no command to run; expected it after `--`",
+        ),
+        (
+            "command_without_separator",
+            ["--workers", "2", "python", "x.py"],
+            r"unrecognized arguments: python x.py. Put the command to run "
+            r"after `--`",
+        ),
+        (
+            "zero_timeout",
+            ["--workers", "1", "--timeout-s", "0", "--", "x"],
+            r"seconds > 0, received --timeout-s '0'",
+        ),
+        (
+            "hosts_count_mismatch",
+            [
+                "--workers",
+                "2",
+                "--ps",
+                "1",
+                "--print-tf-config",
+                "--hosts",
+                "a:1,b:1",
+            ],
+            r"hosts lists 2 address\(es\) but the job has 3 task\(s\)",
+        ),
+        (
+            "bad_host_port",
+            ["--workers", "2", "--print-tf-config", "--hosts", "a:1,b:port"],
+            r"hosts\[1\]='b:port' \(for task worker:1\) is not a valid",
+        ),
+        (
+            "two_modes",
+            [
+                "--workers",
+                "1",
+                "--print-tf-config",
+                "--hosts",
+                "a:1",
+                "--emit",
+                "tfjob",
+                "--",
+                "x",
+            ],
+            r"--print-tf-config and --emit tfjob are two different modes",
+        ),
+        (
+            "hosts_without_print",
+            ["--workers", "1", "--hosts", "a:1", "--", "x"],
+            r"--hosts 'a:1' only applies to --print-tf-config",
+        ),
+        (
+            "print_without_hosts",
+            ["--workers", "1", "--print-tf-config"],
+            r"--print-tf-config needs --hosts",
+        ),
+        (
+            "image_without_emit",
+            ["--workers", "1", "--image", "i", "--", "x"],
+            r"--image 'i' only applies to --emit tfjob",
+        ),
+        (
+            "restarts_with_print",
+            [
+                "--workers",
+                "1",
+                "--print-tf-config",
+                "--hosts",
+                "a:1",
+                "--restarts",
+                "1",
+            ],
+            r"--restarts 1 does not apply to --print-tf-config",
+        ),
+        (
+            "unknown_emit",
+            ["--workers", "1", "--emit", "pod", "--", "x"],
+            r"invalid choice: 'pod'",
+        ),
+        (
+            "bad_tfjob_name",
+            [
+                "--workers",
+                "1",
+                "--emit",
+                "tfjob",
+                "--name",
+                "Bad_Name",
+                "--",
+                "x",
+            ],
+            r"name='Bad_Name' is not a valid TFJob name",
+        ),
+    )
+    def test_bad_arguments_exit_2_with_message(self, argv, pattern):
+        status, out, err = _cli(*argv)
+
+        self.assertEqual(status, 2)
+        self.assertEqual(out, "")
+        self.assertStartsWith(err, "usage: tfdist-launch")
+        self.assertRegex(err, r"tfdist-launch: error: " + r".*" + pattern)
+
+    def test_help_prints_usage_and_exits_0(self):
+        status, out, _ = _cli("--help")
+
+        self.assertEqual(status, 0)
+        self.assertIn("usage: tfdist-launch --workers N", out)
+        self.assertIn("--print-tf-config", out)
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        lines.put(line)
+    lines.put(None)
+
+
+class LauncherProcessTest(parameterized.TestCase):
+    def test_sigint_is_forwarded_and_every_task_exits(self):
+        code = (
+            "import os, threading\n"
+            "print('ready', os.getpid(), flush=True)\n"
+            "threading.Event().wait()\n"
+        )
+        launcher_process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tfdist.launch",
+                "--workers",
+                "2",
+                "--grace-period-s",
+                "5",
+                "--",
+                *_python(code),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.addCleanup(launcher_process.kill)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(
+            target=_read_lines,
+            args=(launcher_process.stdout, lines),
+            daemon=True,
+        ).start()
+        pids = []
+        while len(pids) < 2:
+            line = lines.get(timeout=_BOUND_S)
+            self.assertIsNotNone(line, "launcher exited before tasks ran")
+            match = re.match(r"\[worker:\d\] ready (\d+)", line)
+            if match:
+                pids.append(int(match.group(1)))
+        pidfds = [os.pidfd_open(pid) for pid in pids]
+        self.addCleanup(lambda: [os.close(fd) for fd in pidfds])
+
+        launcher_process.send_signal(signal.SIGINT)
+        status = launcher_process.wait(timeout=_BOUND_S)
+
+        self.assertEqual(status, 130)
+        self.assertIn(
+            "received SIGINT; forwarded it to 2 running task(s)",
+            launcher_process.stderr.read(),
+        )
+        # Each pidfd is readable once its task has exited.
+        readable, _, _ = select.select(pidfds, [], [], 0)
+        self.assertCountEqual(readable, pidfds)
+
+    def test_console_script_entry_point_is_run_cli(self):
+        scripts = importlib.metadata.entry_points(
+            group="console_scripts", name="tfdist-launch"
+        )
+        if not scripts:
+            self.skipTest("tfdist is not installed (pip install -e .)")
+
+        (script,) = scripts
+        self.assertEqual(script.value, "tfdist.launch:run_cli")
+        self.assertIs(script.load(), launch.run_cli)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,371 @@
+"""`python -m tfdist.launch`: runs a TF_CONFIG job as local processes.
+
+    python -m tfdist.launch --workers 2 --ps 1 -- python -u train.py --steps 10
+    tfdist-launch --workers 2 --print-tf-config --hosts h0:2222,h1:2222
+    tfdist-launch --workers 4 --chief --emit tfjob --image me/train:1 -- \\
+        python train.py
+
+A thin command line over `tfdist.cluster.run_local_job`,
+`tfdist.cluster.cluster_from_hosts` and `tfdist.cluster.tfjob_manifest`;
+see `tfdist/cluster/launcher.py` for the supervision rules. Exit statuses:
+0 success, 1 a task failed, 2 bad arguments, 124 timeout, 128+N stopped by
+signal N (130 for Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import NoReturn
+from typing import TextIO
+
+from tfdist import errors
+from tfdist.cluster import launcher
+from tfdist.cluster import spec
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+__all__ = ["run_cli"]
+
+_PROG = "tfdist-launch"
+_EXIT_USAGE = 2
+_USAGE = f"""\
+{_PROG} --workers N [--ps M] [--chief] [--evaluator]
+                     [--restarts K] [--timeout-s T] [--grace-period-s S]
+                     -- COMMAND [ARG ...]
+       {_PROG} --workers N [...] --print-tf-config --hosts H:P,H:P,... \
+[-- COMMAND ...]
+       {_PROG} --workers N [...] --emit tfjob [--name NAME] [--image IMAGE]
+                     [--restarts K] [--timeout-s T] -- COMMAND [ARG ...]"""
+_DESCRIPTION = """\
+Runs COMMAND once per task of a TF_CONFIG cluster on 127.0.0.1 (free ports),
+each task with its own TF_CONFIG, and prefixes every output line with the task
+("[worker:1] ..."). The job succeeds when every chief/worker task exits 0; ps
+and evaluator tasks are then stopped. When a task exits non-zero the others
+are stopped. SIGINT/SIGTERM are forwarded to every task. Python tasks buffer
+piped output: use `python -u` to see lines as they are printed."""
+_EPILOG = f"""\
+exit status: 0 success, 1 a task failed, 2 bad arguments, 124 --timeout-s
+exceeded, 128+N stopped by signal N (130 for Ctrl-C).
+
+examples:
+  {_PROG} --workers 2 -- python -u train.py --epochs 3
+  {_PROG} --workers 2 --ps 1 --restarts 2 --timeout-s 600 -- python -u ps.py
+  {_PROG} --workers 2 --chief --print-tf-config \
+--hosts 10.0.0.1:2222,10.0.0.2:2222,10.0.0.3:2222
+  {_PROG} --workers 4 --emit tfjob --image registry/me/train:1 -- python train.py
+"""
+
+
+class _UsageError(Exception):
+    """Bad command line; the message says what and how to fix it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of exiting, and writes to `out`."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__(
+            prog=_PROG,
+            usage=_USAGE,
+            description=_DESCRIPTION,
+            epilog=_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        self._out = out
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        super().print_help(file if file is not None else self._out)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            self._out.write(message)
+        raise _Exit(status)
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments"):
+            message += (
+                f". Put the command to run after `--`, as in: {_PROG} "
+                "--workers 2 -- python train.py"
+            )
+        elif "required" in message:
+            message += ". Pass the number of worker tasks, as in --workers 2"
+        raise _UsageError(message)
+
+
+class _Exit(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _count_type(flag: str, minimum: int, example: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum}, received {flag} "
+                f"{text!r}. Pass e.g. {flag} {example}"
+            )
+        return value
+
+    return parse
+
+
+def _seconds_type(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value: float | None = float(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(
+                f"expected a number of seconds > 0, received {flag} {text!r}. "
+                f"Pass e.g. {flag} 600"
+            )
+        return value
+
+    return parse
+
+
+def _build_parser(out: TextIO) -> _Parser:
+    parser = _Parser(out)
+    tasks = parser.add_argument_group("tasks")
+    tasks.add_argument(
+        "--workers",
+        required=True,
+        type=_count_type("--workers", 1, "2"),
+        metavar="N",
+        help="worker tasks (>= 1)",
+    )
+    tasks.add_argument(
+        "--ps",
+        default=0,
+        type=_count_type("--ps", 0, "1"),
+        metavar="M",
+        help="parameter-server tasks (default 0)",
+    )
+    tasks.add_argument("--chief", action="store_true", help="add a chief task")
+    tasks.add_argument(
+        "--evaluator", action="store_true", help="add an evaluator task"
+    )
+    run = parser.add_argument_group("running locally")
+    run.add_argument(
+        "--restarts",
+        type=_count_type("--restarts", 0, "2"),
+        metavar="K",
+        help="relaunch the whole job on fresh ports after a task fails, up "
+        "to K times (default 0; with --emit: the TFJob's backoffLimit)",
+    )
+    run.add_argument(
+        "--timeout-s",
+        type=_seconds_type("--timeout-s"),
+        metavar="T",
+        help="limit on the whole job, restarts included; then every task is "
+        "killed and the exit status is 124 (with --emit: the TFJob's "
+        "activeDeadlineSeconds)",
+    )
+    run.add_argument(
+        "--grace-period-s",
+        type=_seconds_type("--grace-period-s"),
+        metavar="S",
+        help="seconds a stopped task has to exit before SIGKILL (default "
+        f"{launcher.DEFAULT_GRACE_PERIOD_S:g})",
+    )
+    real = parser.add_argument_group("describing a real cluster")
+    real.add_argument(
+        "--print-tf-config",
+        action="store_true",
+        help="print each task's TF_CONFIG for --hosts instead of launching",
+    )
+    real.add_argument(
+        "--hosts",
+        metavar="H:P,...",
+        help="one host:port per task, in the order chief, workers, ps, "
+        "evaluator (with --print-tf-config)",
+    )
+    real.add_argument(
+        "--emit",
+        choices=("tfjob",),
+        help="print a Kubeflow TFJob manifest instead of launching",
+    )
+    real.add_argument(
+        "--name",
+        help=f"TFJob name (with --emit; default {launcher.DEFAULT_TFJOB_NAME})",
+    )
+    real.add_argument(
+        "--image",
+        help="container image with TensorFlow, tfdist and the script (with "
+        f"--emit; default {launcher.DEFAULT_TFJOB_IMAGE})",
+    )
+    return parser
+
+
+def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
+    """Rejects flag combinations that mean nothing; see the messages."""
+    if args.print_tf_config and args.emit:
+        raise _UsageError(
+            "--print-tf-config and --emit tfjob are two different modes; "
+            "received both. Pass only one of them (or neither, to launch "
+            "locally)."
+        )
+    if args.hosts is not None and not args.print_tf_config:
+        raise _UsageError(
+            f"--hosts {args.hosts!r} only applies to --print-tf-config. Add "
+            "--print-tf-config, or drop --hosts to launch on 127.0.0.1."
+        )
+    if args.print_tf_config:
+        if args.hosts is None:
+            raise _UsageError(
+                "--print-tf-config needs --hosts, one host:port per task. "
+                "Add e.g. --hosts 10.0.0.1:2222,10.0.0.2:2222."
+            )
+        for flag, value in (
+            ("--restarts", args.restarts),
+            ("--timeout-s", args.timeout_s),
+            ("--grace-period-s", args.grace_period_s),
+        ):
+            if value is not None:
+                raise _UsageError(
+                    f"{flag} {value} does not apply to --print-tf-config, "
+                    f"which launches nothing. Drop {flag}."
+                )
+    if not args.emit:
+        for flag, value in (("--name", args.name), ("--image", args.image)):
+            if value is not None:
+                raise _UsageError(
+                    f"{flag} {value!r} only applies to --emit tfjob. Add "
+                    f"--emit tfjob, or drop {flag}."
+                )
+    elif args.grace_period_s is not None:
+        raise _UsageError(
+            f"--grace-period-s {args.grace_period_s:g} does not apply to "
+            "--emit tfjob, which launches nothing. Drop --grace-period-s."
+        )
+    if not command and not args.print_tf_config:
+        raise _UsageError(
+            "no command to run; expected it after `--`, as in: "
+            f"{_PROG} --workers {args.workers} -- python -u train.py"
+        )
+
+
+def _print_tf_configs(
+    args: argparse.Namespace, command: Sequence[str], out: TextIO
+) -> None:
+    hosts = [h.strip() for h in args.hosts.split(",")]
+    try:
+        cluster = launcher.cluster_from_hosts(
+            hosts,
+            num_workers=args.workers,
+            num_ps=args.ps,
+            has_chief=args.chief,
+            has_evaluator=args.evaluator,
+        )
+    except errors.LauncherError as e:
+        raise _UsageError(f"--hosts {args.hosts!r}: {e}") from e
+    for task in cluster.tasks():
+        config = spec.ClusterConfig(cluster=cluster, task=task)
+        out.write(f"# {task.name} on {cluster.address(task)}\n")
+        out.write(f"export TF_CONFIG={shlex.quote(config.to_json())}\n")
+        if command:
+            out.write(f"{shlex.join(command)}\n")
+    out.flush()
+
+
+def run_cli(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Runs the `tfdist-launch` command line; returns its exit status.
+
+    Blocks until the job ends. In the main thread, SIGINT and SIGTERM are
+    forwarded to the tasks while the job runs, and restored afterwards.
+
+    Args:
+      argv: The arguments after the program name; `None` means
+        `sys.argv[1:]`. Everything after the first `--` is the command.
+      stdout: Where task stdout and printed TF_CONFIGs/manifests go; `None`
+        means `sys.stdout`.
+      stderr: Where task stderr and launcher messages go; `None` means
+        `sys.stderr`.
+
+    Returns:
+      0 on success, 1 if a task failed, 2 for bad arguments (with a message
+      on `stderr`), 124 on timeout, 128+N if stopped by signal N.
+
+    Example:
+      >>> run_cli(["--workers", "2", "--", "python", "-c", "print(1)"])
+      0
+    """
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        split = argv.index("--")
+        flags, command = argv[:split], argv[split + 1 :]
+    else:
+        flags, command = argv, []
+    parser = _build_parser(out)
+    try:
+        args = parser.parse_args(flags)
+        _check_modes(args, command)
+        if args.print_tf_config:
+            _print_tf_configs(args, command, out)
+            return 0
+        if args.emit:
+            out.write(
+                launcher.tfjob_manifest(
+                    command,
+                    num_workers=args.workers,
+                    num_ps=args.ps,
+                    has_chief=args.chief,
+                    has_evaluator=args.evaluator,
+                    name=args.name or launcher.DEFAULT_TFJOB_NAME,
+                    image=args.image or launcher.DEFAULT_TFJOB_IMAGE,
+                    restarts=args.restarts,
+                    timeout_s=args.timeout_s,
+                )
+            )
+            out.flush()
+            return 0
+        env = dict(os.environ)  # The tasks inherit this process's environment.
+        result = launcher.run_local_job(
+            command,
+            num_workers=args.workers,
+            num_ps=args.ps,
+            has_chief=args.chief,
+            has_evaluator=args.evaluator,
+            env=env,
+            restarts=args.restarts or 0,
+            timeout_s=args.timeout_s,
+            grace_period_s=(
+                args.grace_period_s or launcher.DEFAULT_GRACE_PERIOD_S
+            ),
+            forward_signals=True,
+            stdout=out,
+            stderr=err,
+        )
+    except _Exit as e:
+        return e.status
+    except (_UsageError, errors.ConfigError) as e:
+        err.write(f"usage: {_USAGE}\n{_PROG}: error: {e}\n")
+        err.flush()
+        return _EXIT_USAGE
+    err.write(f"{_PROG}: {result.describe()}\n")
+    err.flush()
+    return result.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli())
