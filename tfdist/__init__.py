@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from tfdist import cluster
 from tfdist import collectives
+from tfdist import data
 from tfdist import errors
 from tfdist import testing
 from tfdist.collectives import AllReduce
@@ -50,6 +51,7 @@ __all__ = [
     "TreeAllReduce",
     "cluster",
     "collectives",
+    "data",
     "errors",
     "local_devices",
     "simulate_cpu_devices",

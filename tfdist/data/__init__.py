@@ -1,0 +1,24 @@
+"""The dataset sharder: each example exactly once per epoch, on every layout.
+
+Public API: `shard`, `ShardPolicy`, `Remainder`, `DEFAULT_MAX_IN_MEMORY_BYTES`.
+
+    def dataset_fn(input_context):
+        return tfdist.data.shard(
+            dataset, input_context, global_batch_size=64, seed=0)
+
+    dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
+"""
+
+from __future__ import annotations
+
+from tfdist.data.sharding import DEFAULT_MAX_IN_MEMORY_BYTES
+from tfdist.data.sharding import Remainder
+from tfdist.data.sharding import ShardPolicy
+from tfdist.data.sharding import shard
+
+__all__ = [
+    "DEFAULT_MAX_IN_MEMORY_BYTES",
+    "Remainder",
+    "ShardPolicy",
+    "shard",
+]

@@ -1,0 +1,606 @@
+"""Shards an input pipeline over replicas: each example exactly once per epoch.
+
+`shard` is what a `dataset_fn` for `strategy.distribute_datasets_from_function`
+returns: the per-replica batches of one input pipeline, in the order the
+strategy hands them to that pipeline's local replicas.
+
+Shard assignment (element policy). N elements, global batch B, G replicas
+in sync, P input pipelines of R = G / P local replicas, b = B / G::
+
+    S = ceil(N / B) (pad) | N // B (drop) | N / B (error)
+    order_e = permutation of 0..N-1 from (seed, epoch e)    # stateless
+    position j of the epoch holds element order_e[j]
+    step k, replica r, slot i  <-  position k*B + r*b + i   for k < N // B
+    last step (pad): the M = N mod B tail positions are split over replicas
+        as evenly as possible (replica r: M // G + (r < M mod G) of them);
+        the rest of each per-replica batch is zeros with sample weight 0
+    pipeline p yields, for each step k: replicas p*R .. p*R+R-1, in order
+
+Every pipeline computes `order_e` itself (same seed, same epoch, same
+stateless op), so pipelines agree without communicating and the union of
+their real examples is the dataset, each once. With the file policy each
+pipeline reads whole files instead: the epoch's permuted file list is dealt
+round robin to pipelines, each pipeline permutes its own records, and all
+pipelines run the same number of steps (the largest shard's, padding the
+others; or the smallest shard's with `remainder="drop"`). Exactly-once still
+holds; a global per-example permutation does not.
+
+How the element policy reads data. A finite dataset whose estimated size is
+at most `max_in_memory_bytes` (default 1 GiB) is read once into host memory
+(`dataset.batch(N).get_single_element()` plus one zero row; memory: the
+dataset, twice during that one copy, then once for the pipeline's lifetime).
+Each epoch then costs one vectorized `tf.random.experimental.index_shuffle`
+over this pipeline's N / P positions and one `tf.gather` per per-replica
+batch: no shuffle buffer, and faster than `shuffle(N).batch(b)`
+(benchmarks/input_pipeline.py). A larger dataset is streamed in windows of
+about `max_in_memory_bytes / 2` (a whole number of global steps) and
+permuted within each window (memory: about one window plus prefetch); every
+pipeline then reads the whole dataset each epoch, so prefer files and the
+file policy for data that large. TF 2.21's own options do not fit:
+`global_shuffle` is private (`global_shuffle_op._global_shuffle`), needs
+random-access inputs and draws each iteration's order from a seed
+generator, so epoch e's order cannot be recomputed to resume; and
+`tf.data.experimental.at` fetches one element per call, from random-access
+datasets only (not TFRecord, filter or interleave).
+
+File policy costs. Every pipeline must know every shard's size to agree on
+the step count, so `shard` counts the records of every file once, when it
+is called (one full read of all files on every worker, files read in
+parallel); records are then permuted within windows of about
+`max_in_memory_bytes / 2`.
+
+Epochs. The returned dataset counts its iterators in a host-local variable:
+the i-th iterator to start producing (Keras makes one per epoch) is epoch
+`epoch + i`, the first starting at global step `start_step`, so
+`(epoch, start_step)` resumes an interrupted run with the same remaining
+examples. Workers stay in step as long as each creates the same number of
+iterators. Keras 3's `fit` also starts one iterator to peek at a batch when
+the model or its compiled metrics are not built yet, which takes epoch
+`epoch` (and `start_step`) for itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tfdist import errors
+from tfdist._internal import validation
+from tfdist.data import _checks
+from tfdist.data import _pipeline
+from tfdist.data import _plan
+from tfdist.data import _source
+
+__all__ = [
+    "DEFAULT_MAX_IN_MEMORY_BYTES",
+    "Remainder",
+    "ShardPolicy",
+    "shard",
+]
+
+#: Element policy: datasets estimated at most this large are held in memory.
+DEFAULT_MAX_IN_MEMORY_BYTES = 1 << 30
+
+# `Any` below: a nested structure (tuple/dict) of tensors, as tf.data yields.
+Nested = Any
+
+
+class ShardPolicy(enum.Enum):
+    """How `shard` splits the input over input pipelines.
+
+    Attributes:
+      AUTO: FILE when the input is file paths and there are at least as many
+        files as input pipelines (and, with `remainder="error"`, the shards
+        are guaranteed even); ELEMENT otherwise. Logs the choice and why.
+      FILE: Each input pipeline reads whole files. Reads each file once per
+        epoch over all workers.
+      ELEMENT: Each input pipeline takes its replicas' slots of one global
+        per-example permutation. Every pipeline reads the whole input.
+    """
+
+    AUTO = "auto"
+    FILE = "file"
+    ELEMENT = "element"
+
+
+class Remainder(enum.Enum):
+    """What `shard` does with a last global batch smaller than the others.
+
+    Attributes:
+      PAD: Fill it up with zero examples of sample weight 0, so that every
+        replica gets a full per-replica batch; elements gain a weight.
+      DROP: Drop it (the count is logged).
+      ERROR: Raise ConfigError unless the sizes divide evenly.
+    """
+
+    PAD = "pad"
+    DROP = "drop"
+    ERROR = "error"
+
+
+def shard(
+    dataset: tf.data.Dataset | Sequence[str | os.PathLike[str]],
+    input_context: tf.distribute.InputContext | None,
+    *,
+    global_batch_size: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    policy: ShardPolicy | str = ShardPolicy.AUTO,
+    remainder: Remainder | str = Remainder.PAD,
+    epoch: int | None = None,
+    start_step: int = 0,
+    reshuffle_each_iteration: bool = True,
+    parse_fn: Callable[..., Nested] | None = None,
+    reader: Callable[[tf.Tensor], tf.data.Dataset] | None = None,
+    max_in_memory_bytes: int = DEFAULT_MAX_IN_MEMORY_BYTES,
+) -> tf.data.Dataset:
+    """Returns one input pipeline's per-replica batches for a distributed run.
+
+    Call it inside the `dataset_fn` of
+    `strategy.distribute_datasets_from_function`, eagerly, once per input
+    pipeline. Pipeline p, feeding R = num_replicas_in_sync /
+    num_input_pipelines local replicas, yields for each global step the
+    per-replica batches of replicas p*R .. p*R+R-1, in that order; each has
+    exactly `per_replica_batch_size = global_batch_size /
+    num_replicas_in_sync` rows. Over one epoch, the real examples of all
+    pipelines are the input, each exactly once (minus the dropped tail with
+    `remainder="drop"`).
+
+    Elements must be dense tensors of one shape (per component). With
+    `remainder="pad"` they must be Keras-style tuples `(x, y)` or
+    `(x, y, sample_weight)`, and come out as `(x, y, sample_weight)`: 1.0
+    (float32) for real examples and 0.0 for padding, or the given weight
+    times that mask. Padding examples are zeros shaped like real ones and
+    occur only in an epoch's last global step (file policy: in the last
+    steps of the pipelines with less data). Other remainders leave elements
+    as they are.
+
+    Args:
+      dataset: A finite `tf.data.Dataset` of unbatched elements (an unknown
+        cardinality is counted once, with one extra pass), or a sequence of
+        file paths read with `reader` and `parse_fn`.
+      input_context: The `tf.distribute.InputContext` the strategy passes;
+        `None` means one pipeline feeding one replica.
+      global_batch_size: Examples per global step, over all replicas; a
+        multiple of `num_replicas_in_sync`.
+      seed: Seed of every permutation (int64 range). Every worker must pass
+        the same seed.
+      shuffle: If false, keep the input order (files: their given order).
+      policy: `"auto"`, `"file"` or `"element"`; see `ShardPolicy`.
+      remainder: `"pad"`, `"drop"` or `"error"`; see `Remainder`.
+      epoch: Epoch number of the first iteration over the returned dataset;
+        `None` means 0. With `reshuffle_each_iteration`, later iterations
+        are the following epochs.
+      start_step: Global step within `epoch` at which the first iteration
+        starts (resumption); later iterations start at step 0.
+      reshuffle_each_iteration: If true (default), each new iterator over
+        the returned dataset is the next epoch, with a new permutation; this
+        keeps one counter variable on the input host and needs eager
+        execution. If false, every iteration replays `(epoch, start_step)`.
+      parse_fn: File input only: maps one record to one element (used with
+        `Dataset.map`); `None` keeps records as they are.
+      reader: File input only: maps one file path (a string tensor) to a
+        dataset of its records; default `tf.data.TFRecordDataset`.
+      max_in_memory_bytes: Element policy: a dataset estimated no larger is
+        read into memory once; a larger one is streamed and permuted in
+        windows of about half this size. File policy: records are permuted
+        in windows of about half this size.
+
+    Returns:
+      A `tf.data.Dataset` of per-replica batches. Its cardinality is the
+      number of global steps for the element policy when the pipeline feeds
+      one replica and every iteration has the same length (`start_step=0`
+      or no reshuffling); otherwise unknown.
+
+    Raises:
+      TypeError: If an argument has the wrong type.
+      ConfigError: If a value is invalid (message names it and the fix):
+        batch size not divisible by `num_replicas_in_sync`, infinite or
+        empty input, non-tuple elements with `remainder="pad"`, sizes that
+        do not divide with `remainder="error"`, no full step with
+        `remainder="drop"`, `policy="file"` with too few files or with a
+        `tf.data.Dataset`, `start_step` past the epoch, or a call that is
+        not eager.
+
+    Example:
+      ```python
+      def dataset_fn(input_context):
+          return tfdist.data.shard(
+              dataset, input_context, global_batch_size=64, seed=0)
+
+      dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
+      ```
+    """
+    # Pure-Python checks, before anything touches the TF runtime.
+    source = _checks.check_source(dataset)
+    files = source if isinstance(source, tuple) else None
+    layout = _checks.check_layout(input_context, global_batch_size)
+    _checks.check_seed(seed)
+    _checks.check_bool("shuffle", shuffle)
+    _checks.check_bool("reshuffle_each_iteration", reshuffle_each_iteration)
+    first_epoch = (
+        0
+        if epoch is None
+        else validation.check_non_negative_int("epoch", epoch)
+    )
+    validation.check_non_negative_int("start_step", start_step)
+    validation.check_positive_int("max_in_memory_bytes", max_in_memory_bytes)
+    policy = ShardPolicy(
+        validation.check_one_of(
+            "policy", _enum_value(policy), [p.value for p in ShardPolicy]
+        )
+    )
+    remainder = Remainder(
+        validation.check_one_of(
+            "remainder", _enum_value(remainder), [r.value for r in Remainder]
+        )
+    )
+    read = _checks.check_file_options(files, parse_fn, reader)
+    if files is None and policy is ShardPolicy.FILE:
+        raise errors.ConfigError(
+            "policy='file' needs file paths, but a tf.data.Dataset was "
+            "passed. Pass the list of files with parse_fn (and reader), or "
+            "use policy='element' (or 'auto')."
+        )
+    if files is not None and policy is ShardPolicy.FILE:
+        _checks.check_enough_files(files, layout)
+    if not tf.executing_eagerly():
+        raise errors.ConfigError(
+            "tfdist.data.shard must be called eagerly (it inspects the input "
+            "once); it was called while building a graph, e.g. inside "
+            "tf.function. Call it from the dataset_fn of "
+            "strategy.distribute_datasets_from_function."
+        )
+    schedule = _pipeline.EpochSchedule(
+        seed=seed,
+        shuffle=shuffle,
+        first_epoch=first_epoch,
+        start_step=start_step,
+        reshuffle_each_iteration=reshuffle_each_iteration,
+    )
+    if isinstance(source, tuple):
+        batches = _shard_files(
+            source,
+            layout,
+            schedule,
+            policy,
+            remainder,
+            read=read,
+            parse_fn=parse_fn,
+            max_in_memory_bytes=max_in_memory_bytes,
+        )
+    else:
+        if policy is ShardPolicy.AUTO:
+            logging.info(
+                "tfdist.data.shard: policy='auto' chose 'element': the input "
+                "is a tf.data.Dataset (pass file paths for the file policy)."
+            )
+        batches = _shard_elements(
+            source,
+            layout,
+            schedule,
+            remainder,
+            max_in_memory_bytes,
+        )
+    return _finish(batches, remainder)
+
+
+def _enum_value(value: object) -> object:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _drop(remainder: Remainder) -> bool:
+    return remainder is Remainder.DROP
+
+
+def _steps_per_window(
+    bytes_per_element: int, per_step: int, max_in_memory_bytes: int
+) -> int:
+    return max(1, (max_in_memory_bytes // 2) // (bytes_per_element * per_step))
+
+
+def _shard_elements(
+    dataset: tf.data.Dataset,
+    layout: _plan.ReplicaLayout,
+    schedule: _pipeline.EpochSchedule,
+    remainder: Remainder,
+    max_in_memory_bytes: int,
+) -> tf.data.Dataset:
+    """Element policy: one global permutation, each pipeline its replicas."""
+    _checks.check_dense_elements(dataset.element_spec)
+    if remainder is Remainder.PAD:
+        _checks.check_pad_structure(dataset.element_spec)
+    num_elements, was_counted = _source.count_elements(dataset)
+    if was_counted:
+        logging.info(
+            "tfdist.data.shard: dataset cardinality is unknown; counted "
+            "%d elements in one full pass over the input.",
+            num_elements,
+        )
+    if num_elements == 0:
+        raise errors.ConfigError(
+            "dataset is empty (0 elements); there is nothing to shard. Check "
+            "the input files or filters."
+        )
+    batch_size = layout.global_batch_size
+    tail = num_elements % batch_size
+    if remainder is Remainder.ERROR and tail:
+        raise errors.ConfigError(
+            f"dataset size {num_elements} is not divisible by "
+            f"global_batch_size={batch_size} ({tail} examples left over) and "
+            "remainder='error'. Use remainder='pad' (masked padding, every "
+            "example seen) or remainder='drop' (drops the remainder), or a "
+            "global_batch_size that divides the dataset size."
+        )
+    if remainder is Remainder.DROP and num_elements < batch_size:
+        raise errors.ConfigError(
+            f"dataset size {num_elements} is smaller than "
+            f"global_batch_size={batch_size}, so remainder='drop' leaves no "
+            "step at all. Use remainder='pad' or a smaller global_batch_size."
+        )
+    num_steps = _plan.steps_per_epoch(
+        num_elements, batch_size, drop_remainder=_drop(remainder)
+    )
+    if remainder is Remainder.DROP and tail:
+        logging.info(
+            "tfdist.data.shard: remainder='drop' drops %d of %d examples per "
+            "epoch (global_batch_size=%d); a different random subset each "
+            "epoch when shuffling.",
+            tail,
+            num_elements,
+            batch_size,
+        )
+    _checks.check_start_step(
+        schedule.start_step, num_steps, schedule.first_epoch
+    )
+    bytes_per_element = _source.element_bytes(dataset, num_elements)
+    dataset_bytes = bytes_per_element * num_elements
+    if dataset_bytes <= max_in_memory_bytes:
+        logging.info(
+            "tfdist.data.shard: element policy, holding the dataset in memory "
+            "(%d elements, about %d bytes <= max_in_memory_bytes=%d).",
+            num_elements,
+            dataset_bytes,
+            max_in_memory_bytes,
+        )
+        batches = _pipeline.element_in_memory(
+            _source.materialize(dataset, num_elements),
+            num_elements=num_elements,
+            num_steps=num_steps,
+            layout=layout,
+            schedule=schedule,
+        )
+    else:
+        steps_per_window = _steps_per_window(
+            bytes_per_element, batch_size, max_in_memory_bytes
+        )
+        logging.info(
+            "tfdist.data.shard: element policy, streaming the dataset (about "
+            "%d bytes > max_in_memory_bytes=%d) in windows of %d elements, "
+            "permuted within each window; every pipeline reads all of it.",
+            dataset_bytes,
+            max_in_memory_bytes,
+            steps_per_window * batch_size,
+        )
+        batches = _pipeline.element_streaming(
+            dataset,
+            num_elements=num_elements,
+            num_steps=num_steps,
+            layout=layout,
+            schedule=schedule,
+            steps_per_window=steps_per_window,
+            zero_element=_source.zeros_like_element(
+                _source.first_element(dataset)
+            ),
+        )
+    # A known cardinality lets Keras size its epochs. Only declared when it is
+    # the number of global steps: TF's DistributedDatasetsFromFunction
+    # reports the per-worker dataset's element count as its number of steps
+    # (TF 2.21 input_lib `_cardinality`), which is R times too many with R
+    # local replicas; Keras then warns that the input ran out of data.
+    if layout.num_local_replicas == 1 and (
+        schedule.start_step == 0 or not schedule.reshuffle_each_iteration
+    ):
+        batches = batches.apply(
+            tf.data.experimental.assert_cardinality(
+                num_steps - schedule.start_step
+            )
+        )
+    return batches
+
+
+def _file_shards_are_even(
+    counts: np.ndarray, layout: _plan.ReplicaLayout
+) -> bool:
+    """Whether every epoch's round-robin deal gives equal, full-step shards."""
+    num_files = len(counts)
+    return (
+        num_files % layout.num_input_pipelines == 0
+        and bool(np.all(counts == counts[0]))
+        and (num_files // layout.num_input_pipelines * int(counts[0]))
+        % layout.pipeline_batch_size
+        == 0
+    )
+
+
+def _read_files(
+    files: tuple[str, ...],
+    read: Callable[[tf.Tensor], tf.data.Dataset],
+    parse_fn: Callable[..., Nested] | None,
+) -> tf.data.Dataset:
+    """All files, in the given order, as one dataset of parsed elements."""
+    records = tf.data.Dataset.from_tensor_slices(list(files)).flat_map(read)
+    if parse_fn is not None:
+        records = records.map(parse_fn)
+    return records
+
+
+def _shard_files(
+    files: tuple[str, ...],
+    layout: _plan.ReplicaLayout,
+    schedule: _pipeline.EpochSchedule,
+    policy: ShardPolicy,
+    remainder: Remainder,
+    *,
+    read: Callable[[tf.Tensor], tf.data.Dataset],
+    parse_fn: Callable[..., Nested] | None,
+    max_in_memory_bytes: int,
+) -> tf.data.Dataset:
+    """File input: the file policy, or the element policy over all files."""
+    num_pipelines = layout.num_input_pipelines
+    records = _read_files(files, read, parse_fn)  # Traces; reads nothing.
+    _checks.check_dense_elements(records.element_spec)
+    if remainder is Remainder.PAD:
+        _checks.check_pad_structure(records.element_spec)
+    if policy is ShardPolicy.AUTO and len(files) < num_pipelines:
+        logging.info(
+            "tfdist.data.shard: policy='auto' chose 'element': %d files are "
+            "fewer than the %d input pipelines, so every pipeline reads all "
+            "files and takes its share of examples.",
+            len(files),
+            num_pipelines,
+        )
+        policy = ShardPolicy.ELEMENT
+    if policy is ShardPolicy.ELEMENT:
+        return _shard_elements(
+            records,
+            layout,
+            schedule,
+            remainder,
+            max_in_memory_bytes,
+        )
+    counts = _source.count_records(files, read)
+    total = int(counts.sum())
+    logging.info(
+        "tfdist.data.shard: counted the records of %d files once (one full "
+        "read of every file on every worker): %d records.",
+        len(files),
+        total,
+    )
+    if total == 0:
+        raise errors.ConfigError(
+            f"the {len(files)} input files hold no records; there is nothing "
+            "to shard. Check the paths and the reader."
+        )
+    if remainder is Remainder.ERROR and not _file_shards_are_even(
+        counts, layout
+    ):
+        if policy is ShardPolicy.FILE:
+            raise errors.ConfigError(
+                "remainder='error' with policy='file' needs equal, full-step "
+                f"shards every epoch; received {len(files)} files with record "
+                f"counts from {counts.min()} to {counts.max()} for "
+                f"{num_pipelines} input pipelines of "
+                f"{layout.pipeline_batch_size} examples per step. Use "
+                "remainder='pad' or 'drop', or policy='element'."
+            )
+        logging.info(
+            "tfdist.data.shard: policy='auto' chose 'element': "
+            "remainder='error' needs equal shards and the files' record "
+            "counts (%d to %d) do not split evenly over %d input pipelines.",
+            counts.min(),
+            counts.max(),
+            num_pipelines,
+        )
+        return _shard_elements(
+            records,
+            layout,
+            schedule,
+            remainder,
+            max_in_memory_bytes,
+        )
+    if policy is ShardPolicy.AUTO:
+        logging.info(
+            "tfdist.data.shard: policy='auto' chose 'file': %d files for %d "
+            "input pipelines; each pipeline reads whole files.",
+            len(files),
+            num_pipelines,
+        )
+    drop_remainder = _drop(remainder)
+    if drop_remainder:
+        smallest = _plan.min_round_robin_shard_size(counts, num_pipelines)
+        if smallest < layout.pipeline_batch_size:
+            raise errors.ConfigError(
+                "remainder='drop' with policy='file' could drop a whole "
+                f"epoch: a pipeline may get only {smallest} records (its "
+                f"{len(files) // num_pipelines} smallest files), fewer than "
+                f"one step of {layout.pipeline_batch_size}. Use "
+                "remainder='pad', policy='element', or more data per file."
+            )
+    first = _source.first_element(records)
+    first_plan = _pipeline.file_epoch_plan(
+        schedule.first_epoch,
+        record_counts=counts,
+        layout=layout,
+        seed=schedule.seed,
+        shuffle=schedule.shuffle,
+        drop_remainder=drop_remainder,
+    )
+    num_steps = int(first_plan.num_steps)
+    used = num_steps * layout.global_batch_size
+    logging.info(
+        "tfdist.data.shard: file policy, epoch %d: %d global steps; %s %d of "
+        "%d examples (varies by epoch with the file deal).",
+        schedule.first_epoch,
+        num_steps,
+        "drops" if drop_remainder else "pads with",
+        abs(total - used),
+        total,
+    )
+    _checks.check_start_step(
+        schedule.start_step, num_steps, schedule.first_epoch
+    )
+    bytes_per_element = max(
+        1,
+        sum(int(np.asarray(t).nbytes) for t in tf.nest.flatten(first)),
+    )
+    return _pipeline.file_shards(
+        files,
+        counts,
+        reader=read,
+        parse_fn=parse_fn,
+        layout=layout,
+        schedule=schedule,
+        drop_remainder=drop_remainder,
+        steps_per_window=_steps_per_window(
+            bytes_per_element, layout.pipeline_batch_size, max_in_memory_bytes
+        ),
+        zero_element=_source.zeros_like_element(first),
+    )
+
+
+@tf.autograph.experimental.do_not_convert
+def _with_weights(batch: Nested, is_real: tf.Tensor) -> Nested:
+    """(x, y) -> (x, y, mask); (x, y, w) -> (x, y, w * mask)."""
+    if len(batch) == 2:
+        x, y = batch
+        return x, y, tf.cast(is_real, tf.float32)
+    x, y, weight = batch
+
+    def masked(w: tf.Tensor) -> tf.Tensor:
+        mask = tf.cast(is_real, w.dtype)
+        shape = tf.concat(
+            [tf.shape(mask), tf.ones([tf.rank(w) - 1], tf.int32)], axis=0
+        )
+        return w * tf.reshape(mask, shape)
+
+    return x, y, tf.nest.map_structure(masked, weight)
+
+
+def _finish(batches: tf.data.Dataset, remainder: Remainder) -> tf.data.Dataset:
+    if remainder is Remainder.PAD:
+        out = batches.map(_with_weights)
+    else:
+        out = batches.map(
+            tf.autograph.experimental.do_not_convert(
+                lambda batch, is_real: batch
+            )
+        )
+    return out.prefetch(tf.data.AUTOTUNE)
