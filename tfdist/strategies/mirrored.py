@@ -9,6 +9,25 @@ batch B gives the same weights as one device with batch B.
 
 It also checks the one thing TF leaves to a late shape error: a global
 batch that `num_replicas_in_sync` does not divide.
+
+Updates on host memory. When every replica device is a CPU of this
+process, the devices share one memory system and the same cores, so
+computing the same variable update once per device only multiplies memory
+traffic. There the strategy applies each update once and copies the result:
+
+    update(var, fn, args):                 # var mirrored, args identical
+        fn(var.component[0], args)         # on device 0 (optimizer step)
+        value = read(var.component[0])
+        for each other device d:
+            var.component[d].assign(value)
+
+The copies are bit-identical to computing the update on every device (same
+`fn`, same inputs), so the model is unchanged. Only the first device's
+reduced gradient is consumed, so the rest of the all-reduce's broadcast is
+pruned from the graph. Optimizer slots are read and written only through
+the first device's copy. Updates whose arguments differ per replica, and
+variables that are not mirrored (e.g. sync-on-read metrics), take TF's
+per-device path.
 """
 
 from __future__ import annotations
@@ -19,6 +38,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import tf_private
 from tfdist.collectives import cost_model as cost_model_lib
 from tfdist.collectives import cross_device_ops
 from tfdist.strategies import _devices
@@ -51,6 +71,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         (sums stay in float32).
       cost_model: A `tfdist.collectives.CostModel` for "auto"; by default it
         is calibrated on `devices` at the first step.
+      update_once_on_host: Apply each variable update once and copy it to
+        the other devices (see the module docstring). `None`: only when
+        every device is a CPU of this process.
 
     Raises:
       ConfigError: Unknown `all_reduce` or `compression`, or a
@@ -74,7 +97,15 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         bucket_bytes: int | None = cross_device_ops.DEFAULT_BUCKET_BYTES,
         compression: str | None = None,
         cost_model: cost_model_lib.CostModel | None = None,
+        update_once_on_host: bool | None = None,
     ) -> None:
+        if update_once_on_host is not None and not isinstance(
+            update_once_on_host, bool
+        ):
+            raise TypeError(
+                "update_once_on_host must be True, False or None; received "
+                f"update_once_on_host={update_once_on_host!r}."
+            )
         all_reduce_op = cross_device_ops.AllReduce(
             all_reduce,
             bucket_bytes=bucket_bytes,
@@ -82,13 +113,31 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
             cost_model=cost_model,
         )
         resolved = _devices.resolve_local_devices(devices)
-        super().__init__(devices=list(resolved), cross_device_ops=all_reduce_op)
+        if update_once_on_host is None:
+            update_once_on_host = len(resolved) > 1 and all(
+                tf.DeviceSpec.from_string(d).device_type == "CPU" for d in resolved
+            )
+        extended = _MirroredExtended(
+            self,
+            devices=list(resolved),
+            cross_device_ops=all_reduce_op,
+            update_once=update_once_on_host,
+        )
+        # tf.distribute.MirroredStrategy.__init__ only builds TF's
+        # MirroredExtended; this is that body with tfdist's subclass.
+        tf.distribute.Strategy.__init__(self, extended)
         self._all_reduce_op = all_reduce_op
+        self._update_once_on_host = update_once_on_host
 
     @property
     def cross_device_ops(self) -> cross_device_ops.AllReduce:
         """The `tfdist.collectives.AllReduce` that reduces gradients."""
         return self._all_reduce_op
+
+    @property
+    def update_once_on_host(self) -> bool:
+        """Whether updates run once and are copied (see module docstring)."""
+        return self._update_once_on_host
 
     def experimental_distribute_dataset(
         self, dataset: tf.data.Dataset, options: Any = None
@@ -105,6 +154,52 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         """
         check_global_batch_divides(dataset, self.num_replicas_in_sync)
         return super().experimental_distribute_dataset(dataset, options)
+
+
+class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
+    """TF's MirroredExtended with the update-once path for host memory."""
+
+    def __init__(
+        self,
+        container_strategy: MirroredStrategy,
+        *,
+        devices: list[str],
+        cross_device_ops: cross_device_ops.AllReduce,
+        update_once: bool,
+    ) -> None:
+        super().__init__(
+            container_strategy, devices=devices, cross_device_ops=cross_device_ops
+        )
+        self._update_once = update_once
+
+    def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
+        # Private TF hook behind StrategyExtended.update (Keras's optimizer
+        # applies every gradient through it).
+        if not (
+            self._update_once
+            and tf_private.is_mirrored_variable(var)
+            and not tf_private.has_per_replica((args, kwargs))
+        ):
+            return super()._update(var, fn, args, kwargs, group)
+        components = var.values
+        primary = components[0]
+        with tf.device(primary.device), tf_private.update_context(0), tf.name_scope(
+            "update_0"
+        ):
+            result = fn(
+                primary,
+                *tf_private.select_replica(0, args),
+                **tf_private.select_replica(0, kwargs),
+            )
+            # Ordered after `fn` by automatic control dependencies (same
+            # resource) inside tf.function, and by program order eagerly.
+            value = primary.read_value()
+        updates = [result]
+        for index, component in enumerate(components[1:], start=1):
+            with tf.device(component.device), tf_private.update_context(index):
+                copied = component.assign(value)
+            updates.append(tf.nest.map_structure(lambda _: copied, result))
+        return tf_private.update_regroup(self, updates, group)
 
 
 def check_global_batch_divides(
