@@ -1,6 +1,7 @@
 """model.fit throughput: tfdist.MirroredStrategy vs tf.distribute's, same run.
 
-    python benchmarks/fit.py [--devices=4] [--repeats=5]
+    python benchmarks/fit.py --workload=throughput [--devices=4] [--repeats=5]
+    python benchmarks/fit.py --workload=latency
 
 Two workloads from the MirroredStrategy issue, each on N logical CPUs:
 
@@ -11,6 +12,10 @@ Every strategy's model is built first; then the timed epochs are
 interleaved (strategy A, B, C, A, B, C, ...) so background load hits all of
 them alike. Prints a markdown table with medians and ratios against
 `tf.distribute.MirroredStrategy` (its default cross-device ops).
+
+One workload per process: two of TF's default MirroredStrategy instances
+(CollectiveAllReduce) training different models in one process collide on
+collective instance keys ("Shape mismatch in the collective instance").
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import tfdist
 _DEVICES = flags.DEFINE_integer("devices", 4, "Logical CPUs.", lower_bound=2)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed epochs per strategy.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 20, "Steps per timed epoch.", lower_bound=2)
-_WORKLOADS = flags.DEFINE_list("workloads", ["throughput", "latency"], "Which workloads.")
+_WORKLOAD = flags.DEFINE_enum(
+    "workload", "throughput", ["throughput", "latency"], "Which workload.")
 
 WORKLOADS = {
     # name: (layer widths after the input, input width, global batch)
@@ -84,7 +90,7 @@ def run_workload(name: str, devices: Sequence[str], repeats: int, steps: int) ->
 def main(argv: Sequence[str]) -> None:
     del argv
     devices = tfdist.simulate_cpu_devices(_DEVICES.value)
-    for name in _WORKLOADS.value:
+    for name in [_WORKLOAD.value]:
         widths, input_width, batch = WORKLOADS[name]
         step_s = run_workload(name, devices, _REPEATS.value, _STEPS.value)
         base = step_s["tf.MirroredStrategy"]

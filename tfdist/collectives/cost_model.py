@@ -11,6 +11,14 @@ byte. For n devices and a message of S bytes:
 bandwidth-optimal and wins for large S; tree and reduce-to-one have fewer
 steps and win for small S.
 
+When only the first device's result is used (`reduce_only=True`; the
+update-once path of `tfdist.MirroredStrategy` on host memory), the unused
+broadcast half is pruned from the graph:
+
+    ring:          unchanged (the root still gathers every chunk)
+    tree:          T = ceil(log2 n) * (alpha + S * beta)
+    reduce_to_one: T = alpha + (n-1) * S * beta
+
 Calibration measures, on the actual devices, each algorithm's time at two
 message sizes and solves its formula for that algorithm's own alpha and beta
 (`T = steps * alpha + factor * S * beta`). Per-algorithm constants matter on
@@ -62,33 +70,39 @@ class AlphaBeta:
                 )
 
 
-def step_count(algorithm: str, num_devices: int) -> int:
+def step_count(
+    algorithm: str, num_devices: int, *, reduce_only: bool = False
+) -> int:
     """Communication steps of `algorithm` on `num_devices` devices."""
+    halve = 1 if reduce_only else 2
     if num_devices <= 1:
         return 0
     if algorithm == "ring":
         return 2 * (num_devices - 1)
     if algorithm == "tree":
-        return 2 * math.ceil(math.log2(num_devices))
+        return halve * math.ceil(math.log2(num_devices))
     if algorithm == "reduce_to_one":
-        return 2
+        return halve
     raise errors.ConfigError(
         f"Unknown all-reduce algorithm={algorithm!r}; expected one of "
         f"{_ALGORITHMS}."
     )
 
 
-def byte_factor(algorithm: str, num_devices: int) -> float:
+def byte_factor(
+    algorithm: str, num_devices: int, *, reduce_only: bool = False
+) -> float:
     """Multiple of the message size S on the critical path of `algorithm`."""
     n = num_devices
+    halve = 1 if reduce_only else 2
     if n <= 1:
         return 0.0
     if algorithm == "ring":
         return 2 * (n - 1) / n
     if algorithm == "tree":
-        return 2 * math.ceil(math.log2(n))
+        return halve * math.ceil(math.log2(n))
     if algorithm == "reduce_to_one":
-        return 2 * (n - 1)
+        return halve * (n - 1)
     raise errors.ConfigError(
         f"Unknown all-reduce algorithm={algorithm!r}; expected one of "
         f"{_ALGORITHMS}."
@@ -96,12 +110,18 @@ def byte_factor(algorithm: str, num_devices: int) -> float:
 
 
 def predicted_time_s(
-    algorithm: str, num_devices: int, num_bytes: int, constants: AlphaBeta
+    algorithm: str,
+    num_devices: int,
+    num_bytes: int,
+    constants: AlphaBeta,
+    *,
+    reduce_only: bool = False,
 ) -> float:
     """The model's time for one all-reduce of `num_bytes` bytes."""
     return (
-        step_count(algorithm, num_devices) * constants.alpha_s
-        + byte_factor(algorithm, num_devices)
+        step_count(algorithm, num_devices, reduce_only=reduce_only)
+        * constants.alpha_s
+        + byte_factor(algorithm, num_devices, reduce_only=reduce_only)
         * num_bytes
         * constants.beta_s_per_byte
     )
@@ -162,6 +182,7 @@ class CostModel:
         num_devices: int,
         num_bytes: int,
         devices: Sequence[str] | None = None,
+        reduce_only: bool = False,
     ) -> str:
         """Returns the algorithm with the least predicted time.
 
@@ -169,6 +190,7 @@ class CostModel:
           num_devices: Devices taking part.
           num_bytes: Bytes per device in this all-reduce.
           devices: The devices, needed only when the model calibrates.
+          reduce_only: Only the first device's result is used.
         """
         if self._fixed is not None:
             constants = self._fixed
@@ -177,7 +199,11 @@ class CostModel:
         return min(
             constants,
             key=lambda name: predicted_time_s(
-                name, num_devices, num_bytes, constants[name]
+                name,
+                num_devices,
+                num_bytes,
+                constants[name],
+                reduce_only=reduce_only,
             ),
         )
 

@@ -97,6 +97,9 @@ class AllReduce(tf.distribute.CrossDeviceOps):
         never compressed.
       cost_model: The `CostModel` for "auto"; by default one that
         calibrates on the actual devices at first use.
+      results_needed: "all" (an all-reduce), or "first" when the caller
+        uses only the first device's result (the rest of the graph is then
+        pruned); "auto" then compares the algorithms' reduce-only costs.
 
     Raises:
       ConfigError: For an unknown algorithm or compression, or a
@@ -115,8 +118,13 @@ class AllReduce(tf.distribute.CrossDeviceOps):
         bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
         compression: Compression | str | None = None,
         cost_model: cost_model_lib.CostModel | None = None,
+        results_needed: str = "all",
     ) -> None:
         super().__init__()
+        self._reduce_only = (
+            validation.check_one_of("results_needed", results_needed, ("all", "first"))
+            == "first"
+        )
         self._algorithm = validation.check_one_of(
             "all_reduce", algorithm, ALGORITHM_NAMES
         )
@@ -147,7 +155,10 @@ class AllReduce(tf.distribute.CrossDeviceOps):
         if self._algorithm != "auto":
             return self._algorithm
         return self._cost_model.choose(
-            num_devices=len(devices), num_bytes=num_bytes, devices=devices
+            num_devices=len(devices),
+            num_bytes=num_bytes,
+            devices=devices,
+            reduce_only=self._reduce_only,
         )
 
     # -- tf.distribute.CrossDeviceOps hooks ---------------------------------

@@ -106,17 +106,22 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
                 "update_once_on_host must be True, False or None; received "
                 f"update_once_on_host={update_once_on_host!r}."
             )
-        all_reduce_op = cross_device_ops.AllReduce(
-            all_reduce,
-            bucket_bytes=bucket_bytes,
-            compression=compression,
-            cost_model=cost_model,
+        # Validates the collective arguments before the runtime starts.
+        cross_device_ops.AllReduce(
+            all_reduce, bucket_bytes=bucket_bytes, compression=compression
         )
         resolved = _devices.resolve_local_devices(devices)
         if update_once_on_host is None:
             update_once_on_host = len(resolved) > 1 and all(
                 tf.DeviceSpec.from_string(d).device_type == "CPU" for d in resolved
             )
+        all_reduce_op = cross_device_ops.AllReduce(
+            all_reduce,
+            bucket_bytes=bucket_bytes,
+            compression=compression,
+            cost_model=cost_model,
+            results_needed="first" if update_once_on_host else "all",
+        )
         extended = _MirroredExtended(
             self,
             devices=list(resolved),

@@ -1,0 +1,117 @@
+"""The alpha-beta cost model: formulas, choices and calibration."""
+
+from __future__ import annotations
+
+import math
+
+from absl.testing import parameterized
+import tensorflow as tf
+
+import tfdist
+from tfdist import errors
+from tfdist.collectives import cost_model
+
+# The textbook setting: every algorithm has the same link constants.
+EQUAL_LINKS = {
+    name: cost_model.AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-9)
+    for name in ("ring", "tree", "reduce_to_one")
+}
+
+
+class FormulaTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        {"testcase_name": "ring_4", "algorithm": "ring", "n": 4,
+         "steps": 6, "factor": 1.5},
+        {"testcase_name": "tree_4", "algorithm": "tree", "n": 4,
+         "steps": 4, "factor": 4.0},
+        {"testcase_name": "tree_3", "algorithm": "tree", "n": 3,
+         "steps": 4, "factor": 4.0},
+        {"testcase_name": "reduce_to_one_4", "algorithm": "reduce_to_one", "n": 4,
+         "steps": 2, "factor": 6.0},
+    )
+    def test_steps_and_byte_factor_follow_the_documented_formulas(
+        self, algorithm, n, steps, factor
+    ):
+        self.assertEqual(cost_model.step_count(algorithm, n), steps)
+        self.assertAlmostEqual(cost_model.byte_factor(algorithm, n), factor)
+
+    def test_reduce_only_halves_tree_and_reduce_to_one_but_not_ring(self):
+        for name in ("tree", "reduce_to_one"):
+            self.assertEqual(
+                2 * cost_model.step_count(name, 8, reduce_only=True),
+                cost_model.step_count(name, 8),
+            )
+        self.assertEqual(
+            cost_model.byte_factor("ring", 8, reduce_only=True),
+            cost_model.byte_factor("ring", 8),
+        )
+
+    def test_predicted_time_is_alpha_steps_plus_beta_bytes(self):
+        constants = cost_model.AlphaBeta(alpha_s=2.0, beta_s_per_byte=0.5)
+        self.assertAlmostEqual(
+            cost_model.predicted_time_s("ring", 4, 8, constants),
+            6 * 2.0 + 1.5 * 8 * 0.5,
+        )
+
+
+class ChooseTest(parameterized.TestCase):
+
+    def test_large_messages_choose_ring_with_equal_links(self):
+        model = cost_model.CostModel(EQUAL_LINKS)
+        self.assertEqual(model.choose(num_devices=8, num_bytes=64 << 20), "ring")
+
+    def test_tiny_messages_choose_fewest_steps_with_equal_links(self):
+        model = cost_model.CostModel(EQUAL_LINKS)
+        self.assertEqual(model.choose(num_devices=8, num_bytes=4), "reduce_to_one")
+
+    def test_crossover_size_matches_the_formulas(self):
+        model = cost_model.CostModel(
+            {k: v for k, v in EQUAL_LINKS.items() if k != "reduce_to_one"}
+        )
+        n, alpha, beta = 8, 1e-4, 1e-9
+        # ring == tree where 14a + 1.75 S b == 6 (a + S b)  =>  S = 8a / 4.25b
+        crossover = 8 * alpha / (4.25 * beta)
+        self.assertEqual(
+            model.choose(num_devices=n, num_bytes=int(crossover * 0.9)), "tree"
+        )
+        self.assertEqual(
+            model.choose(num_devices=n, num_bytes=int(crossover * 1.1)), "ring"
+        )
+
+    def test_unknown_algorithm_constants_raise_config_error(self):
+        with self.assertRaisesRegex(errors.ConfigError, "butterfly"):
+            cost_model.CostModel({"butterfly": EQUAL_LINKS["ring"]})
+
+    def test_negative_alpha_raises_config_error(self):
+        with self.assertRaisesRegex(errors.ConfigError, "alpha_s=-1"):
+            cost_model.AlphaBeta(alpha_s=-1, beta_s_per_byte=0)
+
+    def test_auto_all_reduce_uses_the_given_model_per_bucket(self):
+        prefer_tree = dict(EQUAL_LINKS)
+        prefer_tree["ring"] = cost_model.AlphaBeta(1.0, 1.0)
+        prefer_tree["reduce_to_one"] = cost_model.AlphaBeta(1.0, 1.0)
+        ops = tfdist.AutoAllReduce(cost_model=cost_model.CostModel(prefer_tree))
+        self.assertEqual(ops.choose_algorithm(["/cpu:0", "/cpu:1"], 1 << 20), "tree")
+
+
+class CalibrationTest(tf.test.TestCase):
+
+    def test_calibration_measures_finite_non_negative_constants_once(self):
+        devices = ["/device:CPU:0", "/device:CPU:1"]
+        model = cost_model.CostModel()
+        first = model.constants_for(devices)
+        self.assertEqual(set(first), {"ring", "tree", "reduce_to_one"})
+        for constants in first.values():
+            self.assertTrue(math.isfinite(constants.alpha_s))
+            self.assertGreaterEqual(constants.alpha_s, 0.0)
+            self.assertGreaterEqual(constants.beta_s_per_byte, 0.0)
+        # Some time per byte is always measured for 8 MiB messages.
+        self.assertGreater(
+            max(c.beta_s_per_byte for c in first.values()), 0.0
+        )
+        self.assertIs(model.constants_for(devices), first)  # Cached.
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()

@@ -1,0 +1,100 @@
+"""tfdist.MirroredStrategy construction, validation and the update-once path."""
+
+from __future__ import annotations
+
+import numpy as np
+from absl.testing import parameterized
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist import errors
+
+keras = tf.keras
+DEVICES = [f"/cpu:{i}" for i in range(4)]
+
+
+class ConstructionTest(tf.test.TestCase, parameterized.TestCase):
+
+    def test_default_devices_are_the_four_logical_cpus(self):
+        strategy = tfdist.MirroredStrategy()
+        self.assertEqual(strategy.num_replicas_in_sync, 4)
+        self.assertIsInstance(strategy, tf.distribute.MirroredStrategy)
+
+    def test_cpu_devices_default_to_update_once_and_reduce_only(self):
+        strategy = tfdist.MirroredStrategy(DEVICES[:2])
+        self.assertTrue(strategy.update_once_on_host)
+
+    def test_single_device_does_not_use_update_once(self):
+        self.assertFalse(tfdist.MirroredStrategy(DEVICES[:1]).update_once_on_host)
+
+    @parameterized.named_parameters(
+        {"testcase_name": "unknown_algorithm", "kwargs": {"all_reduce": "allgather"},
+         "error": errors.ConfigError, "text": "allgather"},
+        {"testcase_name": "zero_bucket", "kwargs": {"bucket_bytes": 0},
+         "error": errors.ConfigError, "text": "bucket_bytes=0"},
+        {"testcase_name": "duplicate_devices", "kwargs": {"devices": ["/cpu:0", "/device:CPU:0"]},
+         "error": errors.DeviceConfigError, "text": "more than once"},
+        {"testcase_name": "missing_device", "kwargs": {"devices": ["/cpu:0", "/cpu:9"]},
+         "error": errors.DeviceConfigError, "text": "CPU:9"},
+        {"testcase_name": "empty_devices", "kwargs": {"devices": []},
+         "error": errors.DeviceConfigError, "text": "empty"},
+        {"testcase_name": "unparseable_device", "kwargs": {"devices": ["cpu zero"]},
+         "error": errors.DeviceConfigError, "text": "cpu zero"},
+        {"testcase_name": "string_devices", "kwargs": {"devices": "/cpu:0"},
+         "error": TypeError, "text": "Wrap it in a list"},
+        {"testcase_name": "bad_compression", "kwargs": {"compression": "fp8"},
+         "error": errors.ConfigError, "text": "fp8"},
+    )
+    def test_bad_argument_raises_clear_error(self, kwargs, error, text):
+        with self.assertRaisesRegex(error, text):
+            tfdist.MirroredStrategy(**kwargs)
+
+
+def _fit(strategy):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    y = rng.integers(0, 2, 64).astype("int32")
+    with strategy.scope():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+             keras.layers.Dense(2)]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return model
+
+
+@pytest.mark.model
+class UpdateOnceTest(tf.test.TestCase):
+
+    def test_update_once_is_bit_identical_to_updating_every_device(self):
+        # A fixed algorithm, so both runs add gradients in the same order.
+        once = _fit(tfdist.MirroredStrategy(
+            DEVICES, all_reduce="tree", update_once_on_host=True))
+        every = _fit(tfdist.MirroredStrategy(
+            DEVICES, all_reduce="tree", update_once_on_host=False))
+        for a, b in zip(once.get_weights(), every.get_weights()):
+            self.assertAllEqual(a, b)
+
+    def test_every_device_copy_equals_the_first_after_fit(self):
+        model = _fit(tfdist.MirroredStrategy(DEVICES, update_once_on_host=True))
+        strategy = model.distribute_strategy
+        for variable in model.trainable_variables:
+            # Keras 3 wraps the tf.Variable (property `.value`); tf-keras's
+            # variable is the tf.Variable (`.value` is a method).
+            mirrored = variable if callable(variable.value) else variable.value
+            components = [
+                c.numpy() for c in strategy.experimental_local_results(mirrored)
+            ]
+            self.assertLen(components, 4)
+            for component in components[1:]:
+                self.assertAllEqual(component, components[0])
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
