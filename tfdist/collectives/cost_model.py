@@ -209,8 +209,9 @@ class CostModel:
 
 
 #: Message sizes (bytes) timed by `calibrate`: one latency-bound, one
-#: bandwidth-bound.
-CALIBRATION_SIZES_BYTES = (64 << 10, 8 << 20)
+#: bandwidth-bound and larger than CPU caches (an 8 MiB probe fitted beta
+#: to cache bandwidth and mispredicted 64 MiB messages on logical CPUs).
+CALIBRATION_SIZES_BYTES = (256 << 10, 32 << 20)
 #: Each size is timed this many times and the fastest run kept: the minimum
 #: is the estimate least disturbed by other work on the machine.
 _CALIBRATION_REPEATS = 5
@@ -220,7 +221,7 @@ def calibrate(devices: Sequence[str]) -> dict[str, AlphaBeta]:
     """Measures every algorithm on `devices` and fits its alpha and beta.
 
     Runs eagerly (lifted out of any enclosing `tf.function` trace), takes
-    about a second, and must be called where all `devices` are local.
+    about two seconds, and must be called where all `devices` are local.
 
     Returns:
       `AlphaBeta` per algorithm name.
