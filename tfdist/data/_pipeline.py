@@ -1,9 +1,13 @@
 """tf.data graphs of the sharder: per-replica batches plus a real-slot mask.
 
-Every builder returns a dataset of `(batch, is_real)` pairs: `batch` is the
-element structure with a leading per-replica batch dimension `b`, `is_real`
-is a bool `[b]` (False for padding slots, whose values are zeros). One
-element per replica per step, replicas of a step consecutive.
+Every builder returns a dataset of `(batch, is_real, num_real_in_step)`
+triples: `batch` is the element structure with a leading per-replica batch
+dimension `b`, `is_real` is a bool `[b]` (False for padding slots, whose
+values are zeros), and `num_real_in_step` is an int64 scalar, the real
+examples of this global step over all replicas and input pipelines (taken
+from the plan, `_plan.real_elements_per_step`, since no pipeline sees the
+others' batches). One element per replica per step, replicas of a step
+consecutive.
 
 The epoch number is a runtime value: an iteration dataset yields one scalar
 per iterator (0 for the first iterator over the returned dataset, then 1,
@@ -58,6 +62,9 @@ class _TfInt64Namespace:
 
     def minimum(self, x: Any, y: Any) -> tf.Tensor:
         return tf.minimum(_int64(x), _int64(y))
+
+    def maximum(self, x: Any, y: Any) -> tf.Tensor:
+        return tf.maximum(_int64(x), _int64(y))
 
     def arange(self, start: Any, stop: Any, *, dtype: Any) -> tf.Tensor:
         return tf.range(_int64(start), _int64(stop), dtype=dtype)
@@ -140,6 +147,27 @@ def _gather(data: Nested, rows: tf.Tensor) -> Nested:
     return tf.nest.map_structure(lambda t: tf.gather(t, rows), data)
 
 
+def _real_counts(
+    first_step: Any,
+    end_step: Any,
+    *,
+    group_sizes: Any,
+    per_step: int,
+    num_local_replicas: int,
+) -> tf.Tensor:
+    """int64 `[(end - first) * R]`: each batch's `num_real_in_step`.
+
+    One value per per-replica batch of steps `first_step .. end_step - 1`
+    (each step's value repeated for its R local replicas); see
+    `_plan.real_elements_per_step` for `group_sizes` and `per_step`.
+    """
+    steps = tf.range(_int64(first_step), _int64(end_step), dtype=tf.int64)
+    counts = _plan.real_elements_per_step(
+        steps, group_sizes=group_sizes, per_step=per_step, xp=TF_INT64
+    )
+    return tf.repeat(counts, num_local_replicas)
+
+
 def element_in_memory(
     data: Nested,
     *,
@@ -159,7 +187,7 @@ def element_in_memory(
       schedule: Epochs and seed.
 
     Returns:
-      A dataset of `(batch, is_real)`.
+      A dataset of `(batch, is_real, num_real_in_step)`.
     """
     batch = layout.per_replica_batch_size
 
@@ -188,14 +216,27 @@ def element_in_memory(
             seed=seed,
             shuffle=schedule.shuffle,
         )
-        return tf.data.Dataset.from_tensor_slices(tf.reshape(rows, [-1, batch]))
+        counts = _real_counts(
+            first_step,
+            num_steps,
+            group_sizes=[num_elements],
+            per_step=layout.global_batch_size,
+            num_local_replicas=layout.num_local_replicas,
+        )
+        return tf.data.Dataset.from_tensor_slices(
+            (tf.reshape(rows, [-1, batch]), counts)
+        )
 
     return (
         iterations(schedule)
         .flat_map(rows_of_iteration)
         .map(
             _no_autograph(
-                lambda rows: (_gather(data, rows), rows < num_elements)
+                lambda rows, count: (
+                    _gather(data, rows),
+                    rows < num_elements,
+                    count,
+                )
             ),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
@@ -215,14 +256,18 @@ class _Stream:
     per_replica_batch_size: int
     steps_per_window: int
     seed: tf.Tensor  # The epoch's seed, folded with the scope.
+    # int64 [num_groups]: positions of every group of replicas that shares
+    # a global step, this stream's among them (element policy: just
+    # [num_elements]; file policy: every pipeline's shard size).
+    group_sizes: Any
+
+    @property
+    def per_step(self) -> int:
+        return self.num_replicas * self.per_replica_batch_size
 
     @property
     def window_size(self) -> int:
-        return (
-            self.steps_per_window
-            * self.num_replicas
-            * self.per_replica_batch_size
-        )
+        return self.steps_per_window * self.per_step
 
 
 def _windowed_batches(
@@ -251,15 +296,26 @@ def _windowed_batches(
         window_index: tf.Tensor, window: Nested
     ) -> tf.data.Dataset:
         rows_in_window = tf.shape(tf.nest.flatten(window)[0], tf.int64)[0]
+        window_first_step = tf.maximum(window_index * steps, first_step)
+        window_end_step = tf.minimum(
+            (window_index + 1) * steps, stream.data_steps
+        )
         positions = _plan.pipeline_positions(
             num_elements=stream.num_elements,
-            num_steps=tf.minimum((window_index + 1) * steps, stream.data_steps),
+            num_steps=window_end_step,
             num_replicas=stream.num_replicas,
             first_replica=stream.first_replica,
             num_local_replicas=stream.num_local_replicas,
             per_replica_batch_size=batch,
-            first_step=tf.maximum(window_index * steps, first_step),
+            first_step=window_first_step,
             xp=TF_INT64,
+        )
+        counts = _real_counts(
+            window_first_step,
+            window_end_step,
+            group_sizes=stream.group_sizes,
+            per_step=stream.per_step,
+            num_local_replicas=stream.num_local_replicas,
         )
         rows = _permutation.window_rows(
             positions,
@@ -274,8 +330,16 @@ def _windowed_batches(
             zero_element,
         )
         return tf.data.Dataset.from_tensor_slices(
-            tf.reshape(rows, [-1, batch])
-        ).map(_no_autograph(lambda r: (_gather(padded, r), r < rows_in_window)))
+            (tf.reshape(rows, [-1, batch]), counts)
+        ).map(
+            _no_autograph(
+                lambda r, count: (
+                    _gather(padded, r),
+                    r < rows_in_window,
+                    count,
+                )
+            )
+        )
 
     return tf.data.Dataset.zip(indices, windows).flat_map(batches_of_window)
 
@@ -297,7 +361,7 @@ def element_streaming(
     replicas' slots of each window's permutation.
 
     Returns:
-      A dataset of `(batch, is_real)`.
+      A dataset of `(batch, is_real, num_real_in_step)`.
     """
 
     @_no_autograph
@@ -315,6 +379,7 @@ def element_streaming(
                 _permutation.epoch_seed(schedule.seed, epoch),
                 _permutation.ELEMENT_SCOPE,
             ),
+            group_sizes=[num_elements],
         )
         return _windowed_batches(
             dataset,
@@ -392,18 +457,16 @@ def file_shards(
     pipeline agrees on.
 
     Returns:
-      A dataset of `(batch, is_real)`.
+      A dataset of `(batch, is_real, num_real_in_step)`.
     """
     pipeline = layout.input_pipeline_id
     per_step = layout.pipeline_batch_size
     batch = layout.per_replica_batch_size
     paths = tf.constant(list(files), tf.string)
-    zero_batch = (
-        tf.nest.map_structure(
-            lambda z: tf.repeat(z[tf.newaxis], batch, axis=0), zero_element
-        ),
-        tf.zeros([batch], tf.bool),
+    zero_batch = tf.nest.map_structure(
+        lambda z: tf.repeat(z[tf.newaxis], batch, axis=0), zero_element
     )
+    no_real = tf.zeros([batch], tf.bool)
 
     @_no_autograph
     def batches_of_iteration(iteration: tf.Tensor) -> tf.data.Dataset:
@@ -449,6 +512,7 @@ def file_shards(
                 _permutation.epoch_seed(schedule.seed, epoch),
                 _permutation.FILE_SCOPE + pipeline,
             ),
+            group_sizes=plan.shard_sizes,
         )
         data = _windowed_batches(
             records,
@@ -457,11 +521,17 @@ def file_shards(
             shuffle=schedule.shuffle,
             zero_element=zero_element,
         )
-        padding_steps = tf.maximum(
-            plan.num_steps - tf.maximum(first_step, data_steps), 0
+        # Padding-only steps of this pipeline; the other pipelines may still
+        # hold real examples there, which sets each step's count.
+        padding_counts = _real_counts(
+            tf.maximum(first_step, data_steps),
+            plan.num_steps,
+            group_sizes=plan.shard_sizes,
+            per_step=per_step,
+            num_local_replicas=layout.num_local_replicas,
         )
-        padding = tf.data.Dataset.from_tensors(zero_batch).repeat(
-            padding_steps * layout.num_local_replicas
+        padding = tf.data.Dataset.from_tensor_slices(padding_counts).map(
+            _no_autograph(lambda count: (zero_batch, no_real, count))
         )
         return data.concatenate(padding)
 

@@ -25,6 +25,14 @@ Padding is marked by position -1. The tail is balanced over replicas, so no
 replica gets a batch of padding while another has real examples to spare,
 and concatenating replicas' real slots in order gives the positions in
 order (the global batch, as a single device would see it).
+
+Real examples per global step. A global step may be shared by several
+groups (file policy: one group per input pipeline, each with its own
+number of positions); group q holds `min(max(n_q - k * per_step, 0),
+per_step)` real positions at step k, and the step's total is the sum over
+groups (`real_elements_per_step`). The sharder scales sample weights by
+`global_batch_size / total` so that a padded step's loss is the mean over
+its real examples.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ class ArrayNamespace(Protocol):
 
     def where(self, condition: Array, x: Array, y: Array) -> Array: ...
     def minimum(self, x: Array, y: Array) -> Array: ...
+    def maximum(self, x: Array, y: Array) -> Array: ...
     def arange(self, start: Array, stop: Array, *, dtype: Any) -> Array: ...
     def concatenate(self, arrays: list[Array]) -> Array: ...
     def zeros(self, shape: list[int], dtype: Any) -> Array: ...
@@ -278,3 +287,37 @@ def min_round_robin_shard_size(counts: Array, num_shards: int) -> int:
     """
     smallest = np.sort(np.asarray(counts, dtype=np.int64))
     return int(smallest[: len(smallest) // num_shards].sum())
+
+
+def real_elements_per_step(
+    step: Array,
+    *,
+    group_sizes: Array,
+    per_step: int,
+    xp: ArrayNamespace = NUMPY,
+) -> Array:
+    """Real (non-padding) positions at each global step, over all groups.
+
+    Each group of replicas that shares a global step consumes `per_step`
+    positions per step from its own stream of `group_sizes[q]` positions
+    (see `slot_positions`), so at step k it holds
+    `min(max(group_sizes[q] - k * per_step, 0), per_step)` real ones.
+
+    Args:
+      step: int64 vector `[num]` of global step indices, >= 0.
+      group_sizes: int64 vector `[num_groups]`: positions of every group
+        sharing the step (element policy: `[num_elements]`; file policy:
+        every input pipeline's shard size). Its length must be static.
+      per_step: Positions each group consumes per step.
+      xp: Array namespace: numpy (default) or `_pipeline.TF_INT64`.
+
+    Returns:
+      int64 vector `[num]`: the real positions of each step, summed over
+      groups (`num_groups * per_step` for a full step).
+    """
+    remaining = (
+        xp.reshape(xp.asarray(group_sizes, xp.int64), [1, -1])
+        - xp.reshape(xp.asarray(step, xp.int64), [-1, 1]) * per_step
+    )
+    real = xp.minimum(xp.maximum(remaining, 0), per_step)
+    return xp.sum(real, axis=1)

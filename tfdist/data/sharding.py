@@ -15,6 +15,9 @@ in sync, P input pipelines of R = G / P local replicas, b = B / G::
         as evenly as possible (replica r: M // G + (r < M mod G) of them);
         the rest of each per-replica batch is zeros with sample weight 0
     pipeline p yields, for each step k: replicas p*R .. p*R+R-1, in order
+    sample weight (pad, normalize_padded_loss): B / M_k for every real
+        example of step k, 0 for padding; M_k = real examples of step k
+        over all replicas and pipelines (B for a full step)
 
 Every pipeline computes `order_e` itself (same seed, same epoch, same
 stateless op), so pipelines agree without communicating and the union of
@@ -23,7 +26,20 @@ pipeline reads whole files instead: the epoch's permuted file list is dealt
 round robin to pipelines, each pipeline permutes its own records, and all
 pipelines run the same number of steps (the largest shard's, padding the
 others; or the smallest shard's with `remainder="drop"`). Exactly-once still
-holds; a global per-example permutation does not.
+holds; a global per-example permutation does not. A step's M_k is then
+the sum over pipelines of min(max(s_q - k * B / P, 0), B / P), from every
+pipeline's shard size s_q in the epoch's deal, which every pipeline knows.
+
+Why B / M_k. Keras reduces a weighted loss with "sum_over_batch_size":
+each replica divides sum(w * loss) by its batch size b, padding included,
+and the gradient is summed over G replicas after scaling by 1 / G, so the
+step minimizes sum_all(w * loss) / B. With 0/1 weights a padded step's
+gradient is M_k / B times the mean over its real examples, not that mean.
+Weights B / M_k make sum_all(w * loss) / B = sum_real(loss) / M_k: the mean
+over the step's real examples, as one device training on them computes.
+Every replica needs M_k of the whole step, not of its own batch (the tail
+is spread over replicas, so some replicas' batches are full in a padded
+step); it comes from the plan, not from any replica's mask.
 
 How the element policy reads data. A finite dataset whose estimated size is
 at most `max_in_memory_bytes` (default 1 GiB) is read once into host memory
@@ -50,13 +66,23 @@ parallel); records are then permuted within windows of about
 `max_in_memory_bytes / 2`.
 
 Epochs. The returned dataset counts its iterators in a host-local variable:
-the i-th iterator to start producing (Keras makes one per epoch) is epoch
-`epoch + i`, the first starting at global step `start_step`, so
-`(epoch, start_step)` resumes an interrupted run with the same remaining
-examples. Workers stay in step as long as each creates the same number of
-iterators. Keras 3's `fit` also starts one iterator to peek at a batch when
-the model or its compiled metrics are not built yet, which takes epoch
-`epoch` (and `start_step`) for itself.
+the i-th iterator to start producing (Keras 3 without `steps_per_epoch`
+makes one per epoch) is epoch `epoch + i`, the first starting at global
+step `start_step`, so `(epoch, start_step)` resumes an interrupted run with
+the same remaining examples. Workers stay in step as long as each creates
+the same number of iterators. Keras 3's `fit` also starts one iterator to
+peek at a batch when the model or its compiled metrics are not built yet,
+which takes epoch `epoch` (and `start_step`) for itself.
+
+Keras `fit` over several epochs. tf-keras needs `steps_per_epoch` for any
+distributed dataset, and then (like Keras 3 given `steps_per_epoch`) keeps
+one iterator for all epochs; so return `shard(...).repeat()` from the
+`dataset_fn` and pass `steps_per_epoch` (each pass of the repeat is the
+next epoch). Keras 3 without `steps_per_epoch` starts an iterator per
+epoch and reads the number of steps from the cardinality, which is known
+only when each pipeline feeds one replica (see `shard`'s Returns); with
+more local replicas it learns the epoch's length in epoch 1 and warns
+there that the input ran out of data.
 """
 
 from __future__ import annotations
@@ -115,7 +141,9 @@ class Remainder(enum.Enum):
 
     Attributes:
       PAD: Fill it up with zero examples of sample weight 0, so that every
-        replica gets a full per-replica batch; elements gain a weight.
+        replica gets a full per-replica batch; elements gain a weight, by
+        default `global_batch_size / M` for the M real examples of a padded
+        step (see `shard`'s `normalize_padded_loss`).
       DROP: Drop it (the count is logged).
       ERROR: Raise ConfigError unless the sizes divide evenly.
     """
@@ -134,6 +162,7 @@ def shard(
     shuffle: bool = True,
     policy: ShardPolicy | str = ShardPolicy.AUTO,
     remainder: Remainder | str = Remainder.PAD,
+    normalize_padded_loss: bool = True,
     epoch: int | None = None,
     start_step: int = 0,
     reshuffle_each_iteration: bool = True,
@@ -155,12 +184,31 @@ def shard(
 
     Elements must be dense tensors of one shape (per component). With
     `remainder="pad"` they must be Keras-style tuples `(x, y)` or
-    `(x, y, sample_weight)`, and come out as `(x, y, sample_weight)`: 1.0
-    (float32) for real examples and 0.0 for padding, or the given weight
-    times that mask. Padding examples are zeros shaped like real ones and
-    occur only in an epoch's last global step (file policy: in the last
+    `(x, y, sample_weight)`, and come out as `(x, y, sample_weight)`: 0.0
+    for padding and, for a real example of global step k,
+    `global_batch_size / M_k` (float32; 1.0 in every full step), where M_k
+    is the number of real examples in step k over all replicas and input
+    pipelines; a given weight is multiplied by that (integer weights
+    become float32). With this, Keras's default loss reduction gives a
+    padded step the mean loss over its real examples, as one device
+    training on them would (see the module docstring). With
+    `normalize_padded_loss=False` the weight is a 0/1 mask (times the given
+    weight), and a padded step's gradient shrinks by M_k /
+    `global_batch_size`. Padding examples are zeros shaped like real ones
+    and occur only in an epoch's last global step (file policy: in the last
     steps of the pipelines with less data). Other remainders leave elements
     as they are.
+
+    Known limitations (training itself is exact; what Keras reports is
+    not): Keras `weighted_metrics` count each real example of a padded step
+    with weight `global_batch_size / M_k`, so over an epoch they weight
+    that step's examples more than the others; Keras 3 unweighted `metrics`
+    (`compile(metrics=...)`; tf-keras's too) ignore sample weights, so they
+    count padding rows as examples, with either setting; and the epoch's
+    mean `loss` that `fit` reports weights a padded step like a full one.
+    Where exact metrics matter, evaluate without padding (e.g.
+    `model.evaluate` on one device), or use `normalize_padded_loss=False`
+    with `weighted_metrics`.
 
     Args:
       dataset: A finite `tf.data.Dataset` of unbatched elements (an unknown
@@ -175,6 +223,11 @@ def shard(
       shuffle: If false, keep the input order (files: their given order).
       policy: `"auto"`, `"file"` or `"element"`; see `ShardPolicy`.
       remainder: `"pad"`, `"drop"` or `"error"`; see `Remainder`.
+      normalize_padded_loss: With `remainder="pad"`: if true (default), a
+        real example of global step k gets sample weight
+        `global_batch_size / M_k` instead of 1, so that a padded step
+        trains on the mean loss of its M_k real examples (see above); if
+        false, 0/1 weights. Ignored with other remainders.
       epoch: Epoch number of the first iteration over the returned dataset;
         `None` means 0. With `reshuffle_each_iteration`, later iterations
         are the following epochs.
@@ -225,6 +278,7 @@ def shard(
     _checks.check_seed(seed)
     _checks.check_bool("shuffle", shuffle)
     _checks.check_bool("reshuffle_each_iteration", reshuffle_each_iteration)
+    _checks.check_bool("normalize_padded_loss", normalize_padded_loss)
     first_epoch = (
         0
         if epoch is None
@@ -289,7 +343,12 @@ def shard(
             remainder,
             max_in_memory_bytes,
         )
-    return _finish(batches, remainder)
+    return _finish(
+        batches,
+        remainder,
+        global_batch_size=layout.global_batch_size,
+        normalize_padded_loss=normalize_padded_loss,
+    )
 
 
 def _enum_value(value: object) -> object:
@@ -576,31 +635,86 @@ def _shard_files(
     )
 
 
-@tf.autograph.experimental.do_not_convert
-def _with_weights(batch: Nested, is_real: tf.Tensor) -> Nested:
-    """(x, y) -> (x, y, mask); (x, y, w) -> (x, y, w * mask)."""
-    if len(batch) == 2:
-        x, y = batch
-        return x, y, tf.cast(is_real, tf.float32)
-    x, y, weight = batch
+def _step_scale(
+    is_real: tf.Tensor,
+    num_real_in_step: tf.Tensor,
+    *,
+    global_batch_size: int,
+    dtype: tf.DType,
+) -> tf.Tensor:
+    """`[b]`: B / M_k for real slots, 0 for padding, rounded once to dtype.
 
-    def masked(w: tf.Tensor) -> tf.Tensor:
-        mask = tf.cast(is_real, w.dtype)
-        shape = tf.concat(
-            [tf.shape(mask), tf.ones([tf.rank(w) - 1], tf.int32)], axis=0
-        )
-        return w * tf.reshape(mask, shape)
+    The quotient is computed in float64 for float64 weights, else in
+    float32 (so half-precision weights get the float32 quotient rounded).
+    """
+    compute_dtype = tf.float64 if dtype == tf.float64 else tf.float32
+    # M_k >= 1 whenever a slot is real; the maximum only avoids 0 / 0 in
+    # the discarded branch of tf.where.
+    scale = tf.constant(global_batch_size, compute_dtype) / tf.cast(
+        tf.maximum(num_real_in_step, 1), compute_dtype
+    )
+    return tf.cast(tf.where(is_real, scale, tf.zeros([], compute_dtype)), dtype)
 
-    return x, y, tf.nest.map_structure(masked, weight)
+
+def _weights_fn(
+    *, global_batch_size: int, normalize_padded_loss: bool
+) -> Callable[[Nested, tf.Tensor, tf.Tensor], Nested]:
+    """Returns (x, y[, w]), is_real, M_k -> (x, y, weight); see `shard`."""
+
+    def weight_like(
+        is_real: tf.Tensor, num_real_in_step: tf.Tensor, dtype: tf.DType
+    ) -> tf.Tensor:
+        if normalize_padded_loss:
+            return _step_scale(
+                is_real,
+                num_real_in_step,
+                global_batch_size=global_batch_size,
+                dtype=dtype,
+            )
+        return tf.cast(is_real, dtype)
+
+    @tf.autograph.experimental.do_not_convert
+    def with_weights(
+        batch: Nested, is_real: tf.Tensor, num_real_in_step: tf.Tensor
+    ) -> Nested:
+        if len(batch) == 2:
+            x, y = batch
+            return x, y, weight_like(is_real, num_real_in_step, tf.float32)
+        x, y, weight = batch
+
+        def scaled(w: tf.Tensor) -> tf.Tensor:
+            if normalize_padded_loss and not w.dtype.is_floating:
+                w = tf.cast(w, tf.float32)  # B / M_k is not an integer.
+            factor = weight_like(is_real, num_real_in_step, w.dtype)
+            shape = tf.concat(
+                [tf.shape(factor), tf.ones([tf.rank(w) - 1], tf.int32)],
+                axis=0,
+            )
+            return w * tf.reshape(factor, shape)
+
+        return x, y, tf.nest.map_structure(scaled, weight)
+
+    return with_weights
 
 
-def _finish(batches: tf.data.Dataset, remainder: Remainder) -> tf.data.Dataset:
+def _finish(
+    batches: tf.data.Dataset,
+    remainder: Remainder,
+    *,
+    global_batch_size: int,
+    normalize_padded_loss: bool,
+) -> tf.data.Dataset:
     if remainder is Remainder.PAD:
-        out = batches.map(_with_weights)
+        out = batches.map(
+            _weights_fn(
+                global_batch_size=global_batch_size,
+                normalize_padded_loss=normalize_padded_loss,
+            )
+        )
     else:
         out = batches.map(
             tf.autograph.experimental.do_not_convert(
-                lambda batch, is_real: batch
+                lambda batch, is_real, num_real_in_step: batch
             )
         )
     return out.prefetch(tf.data.AUTOTUNE)

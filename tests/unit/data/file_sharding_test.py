@@ -95,6 +95,23 @@ def _real_ids(batches: list[Any]) -> np.ndarray:
     return ids[weights > 0]
 
 
+def _step_weights(
+    outputs: list[list[Any]], local_replicas: int
+) -> list[np.ndarray]:
+    """Each global step's weights over all pipelines and replicas."""
+    num_steps = len(outputs[0]) // local_replicas
+    return [
+        np.concatenate(
+            [
+                b[2]
+                for batches in outputs
+                for b in batches[k * local_replicas : (k + 1) * local_replicas]
+            ]
+        )
+        for k in range(num_steps)
+    ]
+
+
 class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
     @_SETTINGS
     @hypothesis.given(
@@ -127,6 +144,50 @@ class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertLen(x, batch)
                 self.assertAllEqual(y, x * 10)
                 self.assertAllEqual(x[w == 0], np.zeros_like(x[w == 0]))
+        global_batch_size = num_pipelines * local_replicas * batch
+        for weights in _step_weights(outputs, local_replicas):
+            real = weights[weights != 0]
+            self.assertNotEmpty(real)  # No step is padding everywhere.
+            self.assertAllEqual(
+                real,
+                np.full(
+                    real.shape,
+                    np.float32(global_batch_size) / np.float32(len(real)),
+                ),
+            )
+            self.assertAllClose(
+                weights.astype(np.float64).sum(), global_batch_size, rtol=1e-6
+            )
+
+    def test_padded_steps_weight_by_real_count_over_all_pipelines(self):
+        # Pipeline 0 gets files 0 and 2 (5 + 1 = 6 records), pipeline 1
+        # files 1 and 3 (2 + 1 = 3): steps of 2 per pipeline hold 2 + 2,
+        # 2 + 1, then 2 + 0 real examples.
+        files = _write_files(self.create_tempdir().full_path, [5, 2, 1, 1])
+        outputs = _pipeline_outputs(
+            files, 2, 1, 2, shuffle=False, policy="file"
+        )
+        weights = _step_weights(outputs, local_replicas=1)
+        self.assertLen(weights, 3)
+        self.assertAllEqual(weights[0], [1, 1, 1, 1])
+        third = np.float32(4) / np.float32(3)
+        self.assertAllEqual(weights[1], [third, third, third, 0])
+        self.assertAllEqual(weights[2], [2, 2, 0, 0])
+
+    def test_file_policy_weights_are_mask_without_normalization(self):
+        files = _write_files(self.create_tempdir().full_path, [5, 2, 1, 1])
+        outputs = _pipeline_outputs(
+            files,
+            2,
+            1,
+            2,
+            shuffle=False,
+            policy="file",
+            normalize_padded_loss=False,
+        )
+        weights = np.concatenate(_step_weights(outputs, local_replicas=1))
+        self.assertAllInSet(weights, [0.0, 1.0])
+        self.assertEqual(float(weights.sum()), 9)
 
     def test_pipeline_reads_whole_files_dealt_round_robin_without_shuffle(self):
         files = _write_files(self.create_tempdir().full_path, [2, 2, 2, 2])

@@ -92,8 +92,18 @@ class MirroredStrategyTest(tf.test.TestCase, parameterized.TestCase):
         for got_step, expected_step in zip(received, expected):
             for got, want in zip(got_step, expected_step):
                 self.assertAllEqual(got, want)
-        weights = sum(float(b[2].sum()) for step in received for b in step)
-        self.assertEqual(weights, _NUM_ELEMENTS)
+        # 22 examples in steps of 8: the last step's 6 real examples are
+        # weighted 8 / 6, so every step's weights sum to the global batch.
+        for step in received:
+            self.assertAllClose(
+                sum(float(b[2].sum()) for b in step),
+                _GLOBAL_BATCH_SIZE,
+                rtol=1e-6,
+            )
+        real = np.concatenate([b[2] for b in received[-1]])
+        self.assertAllEqual(
+            real[real != 0], np.full([6], np.float32(8) / np.float32(6))
+        )
 
     @parameterized.named_parameters(*_STRATEGIES)
     def test_second_pass_is_next_epoch_when_built_in_scope(self, num_replicas):

@@ -69,6 +69,28 @@ class TfInt64NamespaceTest(tf.test.TestCase, parameterized.TestCase):
             int(_plan.shard_steps(sizes, 3, drop_remainder=drop)),
         )
 
+    @_SETTINGS
+    @hypothesis.given(
+        group_sizes=st.lists(st.integers(0, 20), min_size=1, max_size=4),
+        per_step=st.integers(1, 6),
+        first_step=st.integers(0, 3),
+        num_steps=st.integers(0, 6),
+    )
+    def test_real_elements_per_step_match_numpy(
+        self, group_sizes, per_step, first_step, num_steps
+    ):
+        steps = np.arange(first_step, first_step + num_steps)
+        expected = _plan.real_elements_per_step(
+            steps, group_sizes=group_sizes, per_step=per_step
+        )
+        got = _plan.real_elements_per_step(
+            tf.range(first_step, first_step + num_steps, dtype=tf.int64),
+            group_sizes=tf.constant(group_sizes, tf.int64),
+            per_step=per_step,
+            xp=_pipeline.TF_INT64,
+        )
+        self.assertAllEqual(got, expected)
+
 
 class WindowRowsTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(

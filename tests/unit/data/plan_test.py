@@ -149,6 +149,60 @@ class PipelinePositionsTest(parameterized.TestCase):
         )
 
 
+class RealElementsPerStepTest(parameterized.TestCase):
+    @_SETTINGS
+    @hypothesis.given(num_elements=st.integers(1, 60), layout=_LAYOUTS)
+    def test_counts_real_positions_of_every_step(self, num_elements, layout):
+        num_pipelines, local_replicas, batch = layout
+        positions = _epoch_positions(
+            num_elements, *layout, drop_remainder=False
+        )
+        expected = np.sum(positions != _plan.PADDING, axis=(1, 2))
+        got = _plan.real_elements_per_step(
+            np.arange(len(positions)),
+            group_sizes=[num_elements],
+            per_step=num_pipelines * local_replicas * batch,
+        )
+        np.testing.assert_array_equal(got, expected)
+
+    @_SETTINGS
+    @hypothesis.given(
+        group_sizes=st.lists(st.integers(0, 20), min_size=1, max_size=4),
+        local_replicas=st.integers(1, 3),
+        batch=st.integers(1, 4),
+    )
+    def test_sums_every_groups_real_positions(
+        self, group_sizes, local_replicas, batch
+    ):
+        per_step = local_replicas * batch
+        steps = int(
+            _plan.shard_steps(
+                np.array(group_sizes), per_step, drop_remainder=False
+            )
+        )
+        expected = np.zeros([steps], np.int64)
+        for size in group_sizes:
+            positions = _plan.pipeline_positions(
+                num_elements=size,
+                num_steps=steps,
+                num_replicas=local_replicas,
+                first_replica=0,
+                num_local_replicas=local_replicas,
+                per_replica_batch_size=batch,
+            )
+            expected += np.sum(positions != _plan.PADDING, axis=(1, 2))
+        got = _plan.real_elements_per_step(
+            np.arange(steps), group_sizes=group_sizes, per_step=per_step
+        )
+        np.testing.assert_array_equal(got, expected)
+
+    def test_full_steps_then_tail_then_nothing(self):
+        got = _plan.real_elements_per_step(
+            np.arange(5), group_sizes=[10], per_step=4
+        )
+        np.testing.assert_array_equal(got, [4, 4, 2, 0, 0])
+
+
 class StepsPerEpochTest(parameterized.TestCase):
     @parameterized.named_parameters(
         dict(testcase_name="even_pad", n=8, drop=False, expected=2),

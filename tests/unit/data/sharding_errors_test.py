@@ -125,6 +125,10 @@ class ArgumentCheckTest(tf.test.TestCase, parameterized.TestCase):
             testcase_name="reshuffle",
             kwargs={"reshuffle_each_iteration": "yes"},
         ),
+        dict(
+            testcase_name="normalize",
+            kwargs={"normalize_padded_loss": 1},
+        ),
     )
     def test_wrong_type_is_type_error(self, kwargs):
         ((name, value),) = kwargs.items()

@@ -94,6 +94,20 @@ def _real_order(steps: list[list[Any]]) -> np.ndarray:
     return ids[weights > 0]
 
 
+def _step_weights(steps: list[list[Any]]) -> list[np.ndarray]:
+    """Each global step's weights over all replicas, in replica order."""
+    return [np.concatenate([b[2] for b in step]) for step in steps]
+
+
+def _expected_real_per_step(num_elements: int, global_batch_size: int):
+    """M_k of the element policy: full steps, then the tail."""
+    num_steps = -(-num_elements // global_batch_size)
+    return [
+        min(global_batch_size, num_elements - k * global_batch_size)
+        for k in range(num_steps)
+    ]
+
+
 class ExactlyOnceTest(tf.test.TestCase, parameterized.TestCase):
     @_SETTINGS
     @hypothesis.given(
@@ -102,7 +116,7 @@ class ExactlyOnceTest(tf.test.TestCase, parameterized.TestCase):
         seed=st.integers(0, 2**31),
         epoch=st.integers(0, 3),
     )
-    def test_each_example_once_per_epoch_over_all_pipelines(
+    def test_each_example_once_per_epoch_with_step_normalized_weights(
         self, num_elements, layout, seed, epoch
     ):
         steps = _global_steps(
@@ -110,7 +124,6 @@ class ExactlyOnceTest(tf.test.TestCase, parameterized.TestCase):
         )
         ids, weights = _ids_and_weights(steps)
         self.assertAllEqual(np.sort(ids[weights > 0]), np.arange(num_elements))
-        self.assertEqual(float(weights.sum()), num_elements)
         global_batch_size = len(steps[0]) * len(steps[0][0][0])
         self.assertLen(steps, -(-num_elements // global_batch_size))
         for step in steps[:-1]:  # Padding only in the last global step.
@@ -120,6 +133,43 @@ class ExactlyOnceTest(tf.test.TestCase, parameterized.TestCase):
             for x, y, w in step:
                 self.assertAllEqual(y, x * 10)  # Rows stay whole.
                 self.assertAllEqual(x[w == 0], np.zeros_like(x[w == 0]))
+        # Weights: B / M_k on the M_k real examples of step k, exactly 0 on
+        # padding, so every step's weights sum to the global batch.
+        expected_real = _expected_real_per_step(num_elements, global_batch_size)
+        for weights, num_real in zip(_step_weights(steps), expected_real):
+            self.assertEqual(weights.dtype, np.float32)
+            real = weights[weights != 0]
+            self.assertLen(real, num_real)
+            self.assertAllEqual(
+                real,
+                np.full(
+                    [num_real],
+                    np.float32(global_batch_size) / np.float32(num_real),
+                ),
+            )
+            self.assertAllClose(
+                weights.astype(np.float64).sum(), global_batch_size, rtol=1e-6
+            )
+
+    @_SETTINGS
+    @hypothesis.given(
+        num_elements=st.integers(1, 30),
+        layout=_LAYOUTS,
+        seed=st.integers(0, 2**31),
+    )
+    def test_weights_are_mask_without_normalization(
+        self, num_elements, layout, seed
+    ):
+        steps = _global_steps(
+            _dataset(num_elements),
+            layout,
+            seed=seed,
+            normalize_padded_loss=False,
+        )
+        ids, weights = _ids_and_weights(steps)
+        self.assertAllEqual(np.sort(ids[weights > 0]), np.arange(num_elements))
+        self.assertAllInSet(weights, [0.0, 1.0])
+        self.assertEqual(float(weights.sum()), num_elements)
 
     @_SETTINGS
     @hypothesis.given(
@@ -248,6 +298,24 @@ class EpochCounterTest(tf.test.TestCase, parameterized.TestCase):
             )
             self.assertAllEqual(got, expected)
 
+    def test_each_pass_of_repeat_is_the_next_epoch(self):
+        dataset = _dataset(10)
+        repeated = list(
+            sharding.shard(dataset, None, global_batch_size=4, seed=3)
+            .repeat(2)
+            .as_numpy_iterator()
+        )
+        expected = [
+            batch
+            for epoch in (0, 1)
+            for batch in _one_iteration(
+                sharding.shard(
+                    dataset, None, global_batch_size=4, seed=3, epoch=epoch
+                )
+            )
+        ]
+        self.assertAllEqual(repeated, expected)
+
     def test_integer_epoch_counts_on_from_there(self):
         dataset = _dataset(12)
         sharded = sharding.shard(dataset, None, global_batch_size=4, epoch=5)
@@ -256,6 +324,20 @@ class EpochCounterTest(tf.test.TestCase, parameterized.TestCase):
             sharding.shard(dataset, None, global_batch_size=4, epoch=6)
         )
         self.assertAllEqual(_one_iteration(sharded), expected)
+
+    def test_epoch_none_without_shuffle_repeats_the_same_batches(self):
+        sharded = sharding.shard(
+            _dataset(10),
+            tf.distribute.InputContext(1, 0, 2),
+            global_batch_size=4,
+            shuffle=False,
+        )
+        first = _one_iteration(sharded)
+        self.assertAllEqual(_one_iteration(sharded), first)
+        self.assertAllEqual(
+            np.concatenate([b[0] for b in first]),
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 9, 0],
+        )
 
     def test_no_reshuffle_replays_the_same_epoch(self):
         sharded = sharding.shard(
@@ -301,7 +383,7 @@ class RemainderTest(tf.test.TestCase, parameterized.TestCase):
                 _dataset(3), None, global_batch_size=4, remainder="drop"
             )
 
-    def test_existing_sample_weight_is_multiplied_by_mask(self):
+    def test_existing_sample_weight_is_multiplied_by_step_scale(self):
         ids = np.arange(5, dtype=np.int64)
         dataset = tf.data.Dataset.from_tensor_slices(
             (ids, ids, np.full([5], 2.0, np.float32))
@@ -309,7 +391,58 @@ class RemainderTest(tf.test.TestCase, parameterized.TestCase):
         batches = _one_iteration(
             sharding.shard(dataset, None, global_batch_size=4, shuffle=False)
         )
+        self.assertAllEqual(batches[0][2], [2.0, 2.0, 2.0, 2.0])
+        # Step 1 holds 1 real example of 4: scale 4 / 1.
+        self.assertAllEqual(batches[1][2], [8.0, 0.0, 0.0, 0.0])
+
+    def test_existing_sample_weight_is_multiplied_by_mask_unnormalized(self):
+        ids = np.arange(5, dtype=np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices(
+            (ids, ids, np.full([5], 2.0, np.float32))
+        )
+        batches = _one_iteration(
+            sharding.shard(
+                dataset,
+                None,
+                global_batch_size=4,
+                shuffle=False,
+                normalize_padded_loss=False,
+            )
+        )
         self.assertAllEqual(batches[1][2], [2.0, 0.0, 0.0, 0.0])
+
+    def test_integer_sample_weight_becomes_float32_when_normalized(self):
+        ids = np.arange(6, dtype=np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices(
+            (ids, ids, np.full([6], 3, np.int32))
+        )
+        batches = _one_iteration(
+            sharding.shard(dataset, None, global_batch_size=4, shuffle=False)
+        )
+        self.assertEqual(batches[1][2].dtype, np.float32)
+        self.assertAllEqual(batches[1][2], [6.0, 6.0, 0.0, 0.0])
+
+    def test_float64_sample_weight_keeps_its_dtype(self):
+        ids = np.arange(7, dtype=np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices(
+            (ids, ids, np.ones([7], np.float64))
+        )
+        batches = _one_iteration(
+            sharding.shard(dataset, None, global_batch_size=4, shuffle=False)
+        )
+        self.assertEqual(batches[1][2].dtype, np.float64)
+        self.assertAllEqual(batches[1][2], [4 / 3, 4 / 3, 4 / 3, 0.0])
+
+    def test_per_timestep_sample_weight_is_scaled_per_example(self):
+        ids = np.arange(3, dtype=np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices(
+            (ids, ids, np.ones([3, 2], np.float32))
+        )
+        ((_, _, w),) = _one_iteration(
+            sharding.shard(dataset, None, global_batch_size=4, shuffle=False)
+        )
+        scale = np.float32(4) / np.float32(3)
+        self.assertAllEqual(w, [[scale] * 2] * 3 + [[0.0, 0.0]])
 
     def test_dict_features_are_padded_with_zeros(self):
         ids = np.arange(3, dtype=np.float32)
@@ -320,7 +453,7 @@ class RemainderTest(tf.test.TestCase, parameterized.TestCase):
             sharding.shard(dataset, None, global_batch_size=4, shuffle=False)
         )
         self.assertAllEqual(x["b"], [[0, 0], [1, 1], [2, 2], [0, 0]])
-        self.assertAllEqual(w, [1, 1, 1, 0])
+        self.assertAllEqual(w, [np.float32(4) / np.float32(3)] * 3 + [0])
 
     def test_single_tensor_elements_work_when_dropping(self):
         dataset = tf.data.Dataset.range(9)
@@ -357,6 +490,18 @@ class InputKindsTest(tf.test.TestCase, parameterized.TestCase):
         ids, weights = _ids_and_weights(many)
         self.assertAllEqual(np.sort(ids[weights > 0]), np.arange(num_elements))
         self.assertAllEqual(_ids_and_weights(many), _ids_and_weights(one))
+        global_batch_size = num_pipelines * local_replicas * batch
+        for weights, num_real in zip(
+            _step_weights(many),
+            _expected_real_per_step(num_elements, global_batch_size),
+        ):
+            self.assertAllEqual(
+                weights[weights != 0],
+                np.full(
+                    [num_real],
+                    np.float32(global_batch_size) / np.float32(num_real),
+                ),
+            )
 
     def test_streaming_single_window_matches_in_memory(self):
         dataset = _dataset(7)
