@@ -19,12 +19,14 @@ broadcast half is pruned from the graph:
     tree:          T = ceil(log2 n) * (alpha + S * beta)
     reduce_to_one: T = alpha + (n-1) * S * beta
 
-Calibration measures, on the actual devices, each algorithm's time at two
-message sizes and solves its formula for that algorithm's own alpha and beta
-(`T = steps * alpha + factor * S * beta`). Per-algorithm constants matter on
-hosts where "links" are memory copies of very different cost (logical CPUs
-share one memory bus), and reduce to the textbook model where links are
-real. `AlphaBeta` constants can also be given directly, which keeps tests
+Calibration measures, on the actual devices, each algorithm's time at
+several message sizes and solves its formula, between each pair of adjacent
+sizes, for that algorithm's own alpha and beta (`T = steps * alpha +
+factor * S * beta`); a message uses the constants of the size range it
+falls in. Per-algorithm constants matter on hosts where "links" are memory
+copies of very different cost (logical CPUs share one memory bus and
+caches: time per byte at 4 MiB and at 64 MiB differ by 2x there), and
+reduce to the textbook model where links are real. `AlphaBeta` constants can also be given directly, which keeps tests
 deterministic and lets a cluster ship measured numbers.
 """
 
@@ -165,16 +167,26 @@ class CostModel:
                     "CostModel constants={} is empty; give at least one "
                     f"algorithm from {_ALGORITHMS}, or None to calibrate."
                 )
-        self._calibrated: dict[tuple[str, ...], dict[str, AlphaBeta]] = {}
+        self._calibrated: dict[
+            tuple[str, ...], dict[str, tuple[AlphaBeta, ...]]
+        ] = {}
 
-    def constants_for(self, devices: Sequence[str]) -> Mapping[str, AlphaBeta]:
-        """The per-algorithm constants used for `devices` (calibrating once)."""
+    def constants_for(
+        self, devices: Sequence[str], num_bytes: int = 0
+    ) -> Mapping[str, AlphaBeta]:
+        """Per-algorithm constants for messages of `num_bytes` on `devices`.
+
+        Calibrates once per device set (later calls reuse the measurement).
+        """
         if self._fixed is not None:
             return self._fixed
         key = tuple(devices)
         if key not in self._calibrated:
             self._calibrated[key] = calibrate(devices)
-        return self._calibrated[key]
+        return {
+            name: _segment_for(segments, num_bytes)
+            for name, segments in self._calibrated[key].items()
+        }
 
     def choose(
         self,
@@ -192,10 +204,7 @@ class CostModel:
           devices: The devices, needed only when the model calibrates.
           reduce_only: Only the first device's result is used.
         """
-        if self._fixed is not None:
-            constants = self._fixed
-        else:
-            constants = self.constants_for(devices or ())
+        constants = self.constants_for(devices or (), num_bytes)
         return min(
             constants,
             key=lambda name: predicted_time_s(
@@ -208,30 +217,32 @@ class CostModel:
         )
 
 
-#: Message sizes (bytes) timed by `calibrate`: one latency-bound, one
-#: bandwidth-bound and larger than CPU caches (an 8 MiB probe fitted beta
-#: to cache bandwidth and mispredicted 64 MiB messages on logical CPUs).
-CALIBRATION_SIZES_BYTES = (256 << 10, 32 << 20)
+#: Message sizes (bytes) timed by `calibrate`, from latency-bound to larger
+#: than CPU caches, a factor of 4 apart (time per byte changes across cache
+#: sizes). Each adjacent pair gives one (alpha, beta).
+CALIBRATION_SIZES_BYTES = (64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 #: Each size is timed this many times and the fastest run kept: the minimum
 #: is the estimate least disturbed by other work on the machine.
 _CALIBRATION_REPEATS = 5
 
 
-def calibrate(devices: Sequence[str]) -> dict[str, AlphaBeta]:
+def calibrate(devices: Sequence[str]) -> dict[str, tuple[AlphaBeta, ...]]:
     """Measures every algorithm on `devices` and fits its alpha and beta.
 
     Runs eagerly (lifted out of any enclosing `tf.function` trace), takes
-    about two seconds, and must be called where all `devices` are local.
+    a few seconds, and must be called where all `devices` are local.
 
     Returns:
-      `AlphaBeta` per algorithm name.
+      Per algorithm name, one `AlphaBeta` per pair of adjacent
+      `CALIBRATION_SIZES_BYTES` (the first also covers smaller messages,
+      the last larger ones).
     """
     import tensorflow as tf  # Late: the formulas above need no TensorFlow.
 
     from tfdist.collectives import _algorithms
 
     n = len(devices)
-    result: dict[str, AlphaBeta] = {}
+    result: dict[str, tuple[AlphaBeta, ...]] = {}
     with tf.init_scope():
         for name, algorithm in _algorithms.ALGORITHMS.items():
             timings = []
@@ -254,13 +265,34 @@ def calibrate(devices: Sequence[str]) -> dict[str, AlphaBeta]:
                     outputs[-1].numpy()  # Wait for the last device's result.
                     fastest = min(fastest, time.perf_counter() - start)
                 timings.append(fastest)
-            result[name] = _fit(name, n, timings)
+            result[name] = tuple(
+                _fit(
+                    name,
+                    n,
+                    CALIBRATION_SIZES_BYTES[i : i + 2],
+                    timings[i : i + 2],
+                )
+                for i in range(len(timings) - 1)
+            )
     return result
 
 
-def _fit(algorithm: str, num_devices: int, timings: Sequence[float]) -> AlphaBeta:
-    """Solves T = steps*alpha + factor*S*beta from the two calibration sizes."""
-    (small, large), (t_small, t_large) = CALIBRATION_SIZES_BYTES, timings
+def _segment_for(segments: Sequence[AlphaBeta], num_bytes: int) -> AlphaBeta:
+    """The constants fitted for the size range holding `num_bytes`."""
+    for upper, constants in zip(CALIBRATION_SIZES_BYTES[1:], segments):
+        if num_bytes <= upper:
+            return constants
+    return segments[-1]
+
+
+def _fit(
+    algorithm: str,
+    num_devices: int,
+    sizes: Sequence[int],
+    timings: Sequence[float],
+) -> AlphaBeta:
+    """Solves T = steps*alpha + factor*S*beta from two (size, time) points."""
+    (small, large), (t_small, t_large) = sizes, timings
     factor = byte_factor(algorithm, num_devices)
     steps = step_count(algorithm, num_devices)
     if factor == 0 or steps == 0:

@@ -121,8 +121,6 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         Fixes the two Keras 3 multi-worker failures described in the module
         docstring; results are otherwise TF's.
         """
-        parent = super()
-
         def reduce_one(component: Any) -> Any:
             first = (
                 component.values[0]
@@ -130,7 +128,9 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 else component
             )
             rank = getattr(first, "shape", tf.TensorShape(None)).rank
-            return parent.reduce(reduce_op, component, None if rank == 0 else axis)
+            return tf.distribute.MultiWorkerMirroredStrategy.reduce(
+                self, reduce_op, component, None if rank == 0 else axis
+            )
 
         return tf.nest.map_structure(reduce_one, value)
 

@@ -110,7 +110,18 @@ class CalibrationTest(tf.test.TestCase):
         self.assertGreater(
             max(c.beta_s_per_byte for c in first.values()), 0.0
         )
-        self.assertIs(model.constants_for(devices), first)  # Cached.
+        # Cached: a second call reuses the measurement instead of re-timing.
+        self.assertEqual(model.constants_for(devices), first)
+
+    def test_calibrated_constants_depend_on_the_message_size_range(self):
+        devices = ["/device:CPU:0", "/device:CPU:1"]
+        model = cost_model.CostModel()
+        small = model.constants_for(devices, 1 << 10)
+        large = model.constants_for(devices, 1 << 30)
+        self.assertEqual(
+            small, model.constants_for(devices, cost_model.CALIBRATION_SIZES_BYTES[1])
+        )
+        self.assertNotEqual(small, large)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""Smoke-runs examples/digits.py as a user would, with --steps=2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import pytest
+
+import tfdist
+
+pytestmark = pytest.mark.multiprocess
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SCRIPT = os.path.join(_ROOT, "examples", "digits.py")
+_TIMEOUT_S = 240
+
+
+def _run(args, *, launcher_args=None):
+    command = [sys.executable, "-u", _SCRIPT, "--epochs=1", "--steps=2", *args]
+    if launcher_args is not None:
+        command = [sys.executable, "-m", "tfdist.launch", *launcher_args, "--", *command]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT,
+    )
+
+
+class DigitsExampleTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        {"testcase_name": "tfdist_mirrored_ring", "args": ["--all_reduce=ring"], "replicas": 4},
+        {"testcase_name": "tf_builtin_mirrored", "args": ["--strategy=tf_mirrored"], "replicas": 4},
+        {"testcase_name": "single_device", "args": ["--strategy=single"], "replicas": 1},
+    )
+    def test_runs_and_reports_accuracy_and_throughput(self, args, replicas):
+        result = _run(args)
+        self.assertEqual(result.returncode, 0, msg=result.stderr[-3000:])
+        self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
+        self.assertIn(f"replicas={replicas}", result.stdout)
+
+    def test_multi_worker_runs_under_the_launcher(self):
+        result = _run(["--strategy=multi_worker"], launcher_args=["--workers", "2", "--timeout-s", "200"])
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, 0, msg=output[-3000:])
+        for task in ("worker:0", "worker:1"):
+            self.assertRegex(output, rf"\[{task}\] test_accuracy=0\.\d{{4}}")
+        self.assertIn("replicas=2", output)
+
+    def test_bad_flag_fails_at_parse_time(self):
+        result = _run(["--all_reduce=butterfly"])
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("butterfly", result.stderr)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
