@@ -101,3 +101,21 @@ def check_one_of(name: str, value: _T, choices: Iterable[_T]) -> _T:
             f"{', '.join(repr(c) for c in choices)}."
         )
     return value
+
+
+def check_batch_divides(name: str, batch_size: int, num_replicas: int) -> None:
+    """Raises ConfigError unless `batch_size` splits evenly over replicas.
+
+    The message names the batch sizes nearest `batch_size` that work.
+    """
+    if batch_size % num_replicas == 0:
+        return
+    lower = batch_size - batch_size % num_replicas
+    upper = lower + num_replicas
+    suggestions = " or ".join(str(s) for s in (lower, upper) if s > 0)
+    raise errors.ConfigError(
+        f"{name}={batch_size} is not divisible by "
+        f"num_replicas_in_sync={num_replicas}; every replica must get "
+        f"the same per-replica batch. Use a multiple of {num_replicas}, "
+        f"such as {suggestions}."
+    )

@@ -42,6 +42,7 @@ from tfdist import errors
 __all__ = [
     "AlphaBeta",
     "CostModel",
+    "default_cost_model",
     "predicted_time_s",
     "step_count",
     "byte_factor",
@@ -215,6 +216,23 @@ class CostModel:
                 reduce_only=reduce_only,
             ),
         )
+
+
+_DEFAULT_MODEL: CostModel | None = None
+
+
+def default_cost_model() -> CostModel:
+    """The process-wide calibrating `CostModel` shared by all "auto" ops.
+
+    Calibration measures the hardware, which does not change while the
+    process runs, so every strategy built with `all_reduce="auto"` and no
+    `cost_model` shares this one instance and each device set is measured
+    once per process (a few seconds), not once per strategy.
+    """
+    global _DEFAULT_MODEL
+    if _DEFAULT_MODEL is None:
+        _DEFAULT_MODEL = CostModel()
+    return _DEFAULT_MODEL
 
 
 #: Message sizes (bytes) timed by `calibrate`, from latency-bound to larger

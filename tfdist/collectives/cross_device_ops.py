@@ -95,8 +95,8 @@ class AllReduce(tf.distribute.CrossDeviceOps):
       compression: `None`, "fp16" or "bf16": floating-point values travel
         in that dtype and are summed in their own dtype. Integer values are
         never compressed.
-      cost_model: The `CostModel` for "auto"; by default one that
-        calibrates on the actual devices at first use.
+      cost_model: The `CostModel` for "auto"; by default the process-wide
+        one, which calibrates on the actual devices at first use.
       results_needed: "all" (an all-reduce), or "first" when the caller
         uses only the first device's result (the rest of the graph is then
         pruned); "auto" then compares the algorithms' reduce-only costs.
@@ -132,7 +132,7 @@ class AllReduce(tf.distribute.CrossDeviceOps):
             validation.check_positive_int("bucket_bytes", bucket_bytes)
         self._bucket_bytes = bucket_bytes
         self._compression = _as_compression(compression)
-        self._cost_model = cost_model or cost_model_lib.CostModel()
+        self._cost_model = cost_model or cost_model_lib.default_cost_model()
         self._fallback = tf.distribute.ReductionToOneDevice()
 
     @property

@@ -108,16 +108,7 @@ def check_layout(
             f"num_input_pipelines={num_pipelines}. Expected 0 <= id < "
             f"{num_pipelines}."
         )
-    if batch_size % num_replicas:
-        lower = batch_size - batch_size % num_replicas
-        upper = lower + num_replicas
-        suggestions = " or ".join(str(s) for s in (lower, upper) if s > 0)
-        raise errors.ConfigError(
-            f"global_batch_size={batch_size} is not divisible by "
-            f"num_replicas_in_sync={num_replicas}; every replica must get "
-            f"the same per-replica batch. Use a multiple of {num_replicas}, "
-            f"such as {suggestions}."
-        )
+    validation.check_batch_divides("global_batch_size", batch_size, num_replicas)
     return _plan.ReplicaLayout(
         num_replicas_in_sync=num_replicas,
         num_input_pipelines=num_pipelines,

@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import tf_private
+from tfdist._internal import validation
 from tfdist.collectives import cost_model as cost_model_lib
 from tfdist.collectives import cross_device_ops
 from tfdist.strategies import _devices
@@ -218,17 +219,10 @@ def check_global_batch_divides(
     if num_replicas_in_sync == 1:
         return
     batch_size = _global_batch_size(dataset)
-    if batch_size is None or batch_size % num_replicas_in_sync == 0:
-        return
-    lower = batch_size - batch_size % num_replicas_in_sync
-    upper = lower + num_replicas_in_sync
-    suggestions = " or ".join(str(b) for b in (lower, upper) if b > 0)
-    raise errors.ConfigError(
-        f"global batch_size={batch_size} is not divisible by "
-        f"num_replicas_in_sync={num_replicas_in_sync}, so replicas would get "
-        f"unequal batches. Use a multiple of {num_replicas_in_sync} "
-        f"(e.g. batch_size={suggestions})."
-    )
+    if batch_size is not None:
+        validation.check_batch_divides(
+            "global batch_size", batch_size, num_replicas_in_sync
+        )
 
 
 def _global_batch_size(dataset: tf.data.Dataset) -> int | None:

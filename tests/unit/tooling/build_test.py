@@ -289,6 +289,16 @@ class BuildFileTest(absltest.TestCase):
                 self.assertEqual(tests[path].strings("srcs"), [path])
                 self.assertEqual(tests[path].attrs.get("main"), path)
 
+    def test_test_file_basenames_are_unique_for_pytest(self):
+        # pytest's default import mode imports each test file by basename;
+        # two tests/**/x_test.py files collide at collection time.
+        basenames = {}
+        for path in self.sources:
+            if build_gen.is_test_file(path):
+                basenames.setdefault(path.rsplit("/", 1)[-1], []).append(path)
+        duplicates = {k: v for k, v in basenames.items() if len(v) > 1}
+        self.assertEqual(duplicates, {}, "rename one of each pair")
+
     def test_every_example_has_a_py_binary(self):
         binaries = {
             r.attrs.get("main")
