@@ -50,6 +50,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/fit.py --workload=throughput
 	$(PY) benchmarks/fit.py --workload=latency
 	$(PY) benchmarks/input_pipeline.py
+	$(PY) benchmarks/multiworker.py
 
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs
 # `bazel --batch test //...` (no server left behind) with the venv's Python, and
