@@ -25,7 +25,7 @@ $(STAMP_DIR)/%: setup.py | $(PY)
 comma := ,
 EXTRAS_TEST := $(STAMP_DIR)/test+legacy+examples
 EXTRAS_DEMO := $(STAMP_DIR)/examples
-EXTRAS_BENCH := $(STAMP_DIR)/bench+examples
+EXTRAS_BENCH := $(STAMP_DIR)/bench+legacy+examples
 
 venv: $(EXTRAS_TEST)
 
