@@ -1,7 +1,8 @@
 """Local devices: discover accelerators, or simulate several CPUs.
 
 `local_devices()` answers "which devices should one replica each run on",
-preferring TPU over GPU over CPU. `simulate_cpu_devices(n)` splits the host
+preferring TPU over GPU over CPU; `resolve_local_devices` validates a
+strategy's own device list against them. `simulate_cpu_devices(n)` splits the host
 CPU into `n` logical devices so that multi-device code runs, and is tested,
 on a machine without accelerators.
 
@@ -14,10 +15,17 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from collections.abc import Sequence
+
 from tfdist import errors
 from tfdist._internal import validation
 
-__all__ = ["local_devices", "simulate_cpu_devices"]
+__all__ = [
+    "canonical_device",
+    "local_devices",
+    "resolve_local_devices",
+    "simulate_cpu_devices",
+]
 
 _ACCELERATOR_TYPES = ("TPU", "GPU")
 
@@ -82,6 +90,81 @@ def simulate_cpu_devices(num_devices: int) -> tuple[str, ...]:
                 "before building models or strategies."
             ) from e
     return tuple(f"/device:CPU:{i}" for i in range(num_devices))
+
+
+def canonical_device(name: object) -> str:
+    """'/cpu:1' or 'CPU:1' -> '/device:CPU:1'; job/task parts are kept.
+
+    Raises:
+      TypeError: If `name` is not a string.
+      DeviceConfigError: If `name` does not parse as a device.
+    """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"device names must be strings; received {name!r} of type "
+            f"{type(name).__name__}."
+        )
+    text = name if name.startswith("/") else "/" + name
+    try:
+        spec = tf.DeviceSpec.from_string(text)
+    except ValueError as e:
+        raise errors.DeviceConfigError(
+            f"device={name!r} is not a device name. Expected e.g. '/gpu:0' "
+            "or '/device:CPU:1'."
+        ) from e
+    if spec.device_type is None or spec.device_index is None:
+        raise errors.DeviceConfigError(
+            f"device={name!r} names no device type and index. Expected e.g. "
+            "'/gpu:0' or '/device:CPU:1'."
+        )
+    return spec.to_string()
+
+
+def resolve_local_devices(devices: Sequence[str] | None) -> tuple[str, ...]:
+    """Validates a strategy's `devices` argument, or picks the defaults.
+
+    Syntax and duplicates are checked before anything touches the TF
+    runtime; existence is checked last (it initialises the runtime).
+
+    Args:
+      devices: Device names, or `None` for `local_devices()`.
+
+    Returns:
+      Canonical device names, in the order given.
+
+    Raises:
+      TypeError: If `devices` is a string or holds non-strings.
+      DeviceConfigError: If it is empty, has duplicates, or names devices
+        this process does not have.
+    """
+    if devices is None:
+        return local_devices()
+    if isinstance(devices, str):
+        raise TypeError(
+            f"devices must be a sequence of device names; received the string "
+            f"devices={devices!r}. Wrap it in a list: devices=[{devices!r}]."
+        )
+    names = [canonical_device(d) for d in devices]
+    if not names:
+        raise errors.DeviceConfigError(
+            "devices=[] is empty. Pass at least one device, or devices=None "
+            "for every local accelerator (else every logical CPU)."
+        )
+    duplicates = sorted({d for d in names if names.count(d) > 1})
+    if duplicates:
+        raise errors.DeviceConfigError(
+            f"devices={list(devices)!r} lists {duplicates} more than once. "
+            "Give each device once; one replica runs per device."
+        )
+    available = {_canonical(d.name) for d in tf.config.list_logical_devices()}
+    missing = [d for d in names if _canonical(d) not in available]
+    if missing:
+        raise errors.DeviceConfigError(
+            f"devices={list(devices)!r} names {missing}, which this process "
+            f"does not have. Available: {sorted(available)}. To simulate CPUs "
+            "call tfdist.simulate_cpu_devices(n) before TensorFlow starts."
+        )
+    return tuple(names)
 
 
 def _canonical(name: str) -> str:

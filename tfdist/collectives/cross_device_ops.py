@@ -68,12 +68,32 @@ class Compression(enum.Enum):
         return {None: None, "fp16": tf.float16, "bf16": tf.bfloat16}[self.value]
 
 
-def _as_compression(value: Compression | str | None) -> Compression:
-    if isinstance(value, Compression):
-        return value
-    choices = [c.value for c in Compression]
-    validation.check_one_of("compression", value, choices)
-    return Compression(value)
+def check_options(
+    algorithm: str,
+    bucket_bytes: int | None,
+    compression: Compression | str | None,
+) -> tuple[str, int | None, Compression]:
+    """Validates `AllReduce`'s options without touching the TF runtime.
+
+    Strategies call it before they resolve devices, so bad options fail
+    before anything starts.
+
+    Returns:
+      `(algorithm, bucket_bytes, compression)`, normalised.
+
+    Raises:
+      ConfigError: Unknown algorithm or compression, non-positive bucket.
+      TypeError: `bucket_bytes` is not an int.
+    """
+    validation.check_one_of("all_reduce", algorithm, ALGORITHM_NAMES)
+    if bucket_bytes is not None:
+        validation.check_positive_int("bucket_bytes", bucket_bytes)
+    if not isinstance(compression, Compression):
+        validation.check_one_of(
+            "compression", compression, [c.value for c in Compression]
+        )
+        compression = Compression(compression)
+    return algorithm, bucket_bytes, compression
 
 
 class AllReduce(tf.distribute.CrossDeviceOps):
@@ -125,13 +145,9 @@ class AllReduce(tf.distribute.CrossDeviceOps):
             validation.check_one_of("results_needed", results_needed, ("all", "first"))
             == "first"
         )
-        self._algorithm = validation.check_one_of(
-            "all_reduce", algorithm, ALGORITHM_NAMES
+        self._algorithm, self._bucket_bytes, self._compression = check_options(
+            algorithm, bucket_bytes, compression
         )
-        if bucket_bytes is not None:
-            validation.check_positive_int("bucket_bytes", bucket_bytes)
-        self._bucket_bytes = bucket_bytes
-        self._compression = _as_compression(compression)
         self._cost_model = cost_model or cost_model_lib.default_cost_model()
         self._fallback = tf.distribute.ReductionToOneDevice()
 

@@ -37,12 +37,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist import errors
+from tfdist import devices as devices_lib
 from tfdist._internal import tf_private
 from tfdist._internal import validation
 from tfdist.collectives import cost_model as cost_model_lib
 from tfdist.collectives import cross_device_ops
-from tfdist.strategies import _devices
 
 __all__ = ["MirroredStrategy"]
 
@@ -107,11 +106,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
                 "update_once_on_host must be True, False or None; received "
                 f"update_once_on_host={update_once_on_host!r}."
             )
-        # Validates the collective arguments before the runtime starts.
-        cross_device_ops.AllReduce(
-            all_reduce, bucket_bytes=bucket_bytes, compression=compression
-        )
-        resolved = _devices.resolve_local_devices(devices)
+        # Before resolve_local_devices, which starts the TF runtime.
+        cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
+        resolved = devices_lib.resolve_local_devices(devices)
         if update_once_on_host is None:
             update_once_on_host = len(resolved) > 1 and all(
                 tf.DeviceSpec.from_string(d).device_type == "CPU" for d in resolved
