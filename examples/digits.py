@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from absl import app
 from absl import flags
 import numpy as np
+import tensorflow as tf
+from tensorflow import keras  # Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1.
 
 import tfdist
 
@@ -88,29 +90,29 @@ def load_data(data_path: str | None):
     return (x[:split], y[:split]), (x[split:], y[split:])
 
 
-class Throughput:
-    """Keras callback: examples/s of each epoch's training steps."""
+class Throughput(keras.callbacks.Callback):
+    """Examples/s of each epoch's training steps (validation excluded)."""
 
-    def __init__(self, keras, global_batch_size):
-        class _Callback(keras.callbacks.Callback):
-            def on_epoch_begin(cb, epoch, logs=None):
-                cb.start, cb.steps = time.perf_counter(), 0
-
-            def on_train_batch_end(cb, batch, logs=None):
-                cb.steps += 1
-                cb.end = time.perf_counter()  # Validation time is excluded.
-
-            def on_epoch_end(cb, epoch, logs=None):
-                rate = cb.steps * global_batch_size / (cb.end - cb.start)
-                self.rates.append(rate)
-                print(f"epoch {epoch + 1}: val_accuracy={logs.get('val_accuracy', float('nan')):.4f} "
-                      f"examples/s={rate:,.0f}", flush=True)
-
+    def __init__(self, global_batch_size: int):
+        super().__init__()
+        self.global_batch_size = global_batch_size
         self.rates: list[float] = []
-        self.callback = _Callback()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start, self.steps = time.perf_counter(), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        self.end = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        rate = self.steps * self.global_batch_size / (self.end - self.start)
+        self.rates.append(rate)
+        print(f"epoch {epoch + 1}: val_accuracy={logs.get('val_accuracy', float('nan')):.4f} "
+              f"examples/s={rate:,.0f}", flush=True)
 
 
-def build_model(keras, num_features: int, num_classes: int, learning_rate: float):
+def build_model(num_features: int, num_classes: int, learning_rate: float):
     model = keras.Sequential([
         keras.Input((num_features,)),
         keras.layers.Dense(128, activation="relu"),
@@ -125,8 +127,6 @@ def build_model(keras, num_features: int, num_classes: int, learning_rate: float
 
 
 def make_strategy(config: TrainConfig):
-    import tensorflow as tf
-
     if config.strategy == "single":
         return tf.distribute.get_strategy()
     if config.strategy == "tf_mirrored":
@@ -144,17 +144,16 @@ def make_strategy(config: TrainConfig):
 def train(config: TrainConfig) -> TrainResult:
     if config.simulate_cpu_devices and config.strategy != "multi_worker":
         tfdist.simulate_cpu_devices(config.simulate_cpu_devices)  # tfdist: N logical CPUs.
-    from tensorflow import keras
 
     (x_train, y_train), (x_test, y_test) = load_data(config.data_path)
     strategy = make_strategy(config)
     print(f"strategy={config.strategy} replicas={strategy.num_replicas_in_sync} "
           f"global_batch_size={config.global_batch_size}", flush=True)
     with strategy.scope():  # tfdist: variables created here are mirrored.
-        model = build_model(keras, x_train.shape[1], int(y_train.max()) + 1,
+        model = build_model(x_train.shape[1], int(y_train.max()) + 1,
                             config.learning_rate)
-    throughput = Throughput(keras, config.global_batch_size)
-    callbacks = [throughput.callback]
+    throughput = Throughput(config.global_batch_size)
+    callbacks: list[keras.callbacks.Callback] = [throughput]
     if config.model_dir:
         callbacks.append(keras.callbacks.BackupAndRestore(f"{config.model_dir}/backup"))
     model.fit(x_train, y_train, batch_size=config.global_batch_size,
