@@ -1,14 +1,21 @@
-"""model.fit on tfdist.data.shard with a padded last step equals one device.
+"""model.fit with a short last step, sharded by tfdist, equals one device.
 
-The dataset size does not divide the global batch, so the sharder pads the
-last global step with sample-weight-0 examples. Keras's default loss
-reduction divides by the batch size, padding included; the sharder's
-`normalize_padded_loss` weights of `global_batch_size / M_k` make that step
-train on the mean loss of its M_k real examples, as one device fitting with
-the same `batch_size` (a short last batch, no padding) does.
+The dataset size does not divide the global batch. Two ways in:
 
-Input set-up, from what both front ends do with a distributed dataset:
-each `dataset_fn` returns `shard(...).repeat()` and `fit` gets
+1. `tfdist.data.shard` in a `dataset_fn` (`ShardedFitTest`): the sharder
+   pads the last global step with sample-weight-0 examples. Keras's default
+   loss reduction divides by the batch size, padding included; the
+   sharder's `normalize_padded_loss` weights of `global_batch_size / M_k`
+   make that step train on the mean loss of its M_k real examples.
+2. A plain batched dataset given to `fit` (`PlainDatasetFitTest`): the
+   strategy shards it itself (`tfdist/strategies/_input.py`), by default
+   with `split_batches`, or with `shard` given `ShardOptions`. The last
+   step's rows split unevenly over the 4 replicas, with no padding rows:
+   training, unweighted metrics and `predict` must equal one device
+   fitting the same batches.
+
+Input set-up of (1), from what both front ends do with a distributed
+dataset: each `dataset_fn` returns `shard(...).repeat()` and `fit` gets
 `steps_per_epoch`, because
 - tf-keras refuses any distributed dataset without `steps_per_epoch`;
 - with `steps_per_epoch`, both Keras 3 and tf-keras keep one iterator for
@@ -60,6 +67,24 @@ _SIZES = (
 )
 
 
+_SPLIT_SIZES = (
+    # 100 = 3 * 32 + 4: the last step has one row per replica.
+    dict(testcase_name="tail_4", num_examples=100),
+    # 70 = 2 * 32 + 6: the last step's rows split 2, 2, 1, 1.
+    dict(testcase_name="tail_6_uneven", num_examples=70),
+    # 98 = 3 * 32 + 2: two replicas get no row in the last step.
+    dict(testcase_name="tail_2_empty_replicas", num_examples=98),
+)
+
+_INPUTS = (
+    dict(testcase_name="split_batches", shard_options=None),
+    dict(
+        testcase_name="shard_options",
+        shard_options=tfdist.data.ShardOptions(shuffle=False),
+    ),
+)
+
+
 def _data(num_examples: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(num_examples, 8)).astype("float32")
@@ -79,6 +104,7 @@ def _build_model():
     model.compile(
         optimizer=keras.optimizers.SGD(learning_rate=0.1),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
     )
     return model
 
@@ -172,6 +198,118 @@ class ShardedFitTest(tf.test.TestCase, parameterized.TestCase):
             distributed, single_device
         )
         self.assertGreater(difference, 100 * FLOAT32_ATOL)
+
+
+def _batches(*arrays: np.ndarray) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices(arrays).batch(GLOBAL_BATCH_SIZE)
+
+
+class PlainDatasetFitTest(tf.test.TestCase, parameterized.TestCase):
+    def _fit_both(self, num_examples, shard_options):
+        x, y = _data(num_examples)
+        single_device = _build_model()
+        initial_weights = single_device.get_weights()
+        strategy = tfdist.MirroredStrategy(DEVICES, shard_options=shard_options)
+        with strategy.scope():
+            distributed = _build_model()
+        distributed.set_weights(initial_weights)
+        histories = [
+            model.fit(_batches(x, y), epochs=EPOCHS, verbose=0).history
+            for model in (single_device, distributed)
+        ]
+        return x, y, single_device, distributed, histories
+
+    @parameterized.named_parameters(
+        *[
+            dict(
+                testcase_name=f"{size['testcase_name']}_{inputs['testcase_name']}",
+                num_examples=size["num_examples"],
+                shard_options=inputs["shard_options"],
+            )
+            for size in _SPLIT_SIZES
+            for inputs in _INPUTS
+        ]
+    )
+    def test_fit_with_short_last_batch_matches_single_device(
+        self, num_examples, shard_options
+    ):
+        x, y, single_device, distributed, histories = self._fit_both(
+            num_examples, shard_options
+        )
+        numerics.assert_weights_close(
+            distributed, single_device, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL
+        )
+        # Unweighted accuracy counts real rows only (no padding rows).
+        self.assertAllClose(
+            histories[1]["accuracy"], histories[0]["accuracy"], rtol=1e-6
+        )
+        evaluated = [
+            m.evaluate(_batches(x, y), verbose=0, return_dict=True)
+            for m in (single_device, distributed)
+        ]
+        self.assertAllClose(
+            evaluated[1]["accuracy"], evaluated[0]["accuracy"], rtol=1e-6
+        )
+        predictions = [
+            m.predict(_batches(x), verbose=0) for m in (single_device, distributed)
+        ]
+        self.assertEqual(predictions[1].shape, (num_examples, 3))
+        self.assertAllClose(
+            predictions[1], predictions[0], rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL
+        )
+
+    def test_reported_loss_matches_when_replicas_split_the_tail_evenly(self):
+        # 100 = 3 * 32 + 4: every replica gets one row of the last step, so
+        # Keras's per-replica loss tracker is exact too (with an uneven
+        # split it weights rows by G * b / m; see split_batches).
+        x, y, single_device, distributed, histories = self._fit_both(100, None)
+        self.assertAllClose(
+            histories[1]["loss"], histories[0]["loss"], rtol=1e-5
+        )
+
+    def test_padded_shard_options_train_exactly(self):
+        x, y, single_device, distributed, _ = self._fit_both(
+            70, tfdist.data.ShardOptions(shuffle=False, remainder="pad")
+        )
+        numerics.assert_weights_close(
+            distributed, single_device, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL
+        )
+
+
+class ShardOptionsTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(
+        dict(
+            testcase_name="drop",
+            kwargs=dict(remainder="drop"),
+            error=tfdist.errors.ConfigError,
+            text="drop_remainder=True",
+        ),
+        dict(
+            testcase_name="unknown_remainder",
+            kwargs=dict(remainder="trim"),
+            error=tfdist.errors.ConfigError,
+            text="trim",
+        ),
+        dict(
+            testcase_name="negative_epoch",
+            kwargs=dict(epoch=-1),
+            error=tfdist.errors.ConfigError,
+            text="epoch=-1",
+        ),
+        dict(
+            testcase_name="shuffle_not_bool",
+            kwargs=dict(shuffle="yes"),
+            error=TypeError,
+            text="shuffle='yes'",
+        ),
+    )
+    def test_bad_options_raise_clear_errors(self, kwargs, error, text):
+        with self.assertRaisesRegex(error, text):
+            tfdist.data.ShardOptions(**kwargs)
+
+    def test_strategy_rejects_options_of_the_wrong_type(self):
+        with self.assertRaisesRegex(TypeError, "tfdist.data.ShardOptions"):
+            tfdist.MirroredStrategy(DEVICES, shard_options={"shuffle": False})
 
 
 if __name__ == "__main__":

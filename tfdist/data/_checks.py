@@ -73,26 +73,23 @@ def check_source(dataset: object) -> tf.data.Dataset | tuple[str, ...]:
     return tuple(paths)
 
 
-def check_layout(
-    input_context: object, global_batch_size: object
-) -> _plan.ReplicaLayout:
-    """Validates the replica layout and the global batch size."""
+def check_input_context(input_context: object) -> tuple[int, int, int]:
+    """Returns (num_replicas_in_sync, num_input_pipelines, input_pipeline_id).
+
+    `None` means one pipeline feeding one replica.
+    """
     if input_context is None:
-        num_replicas, num_pipelines, pipeline_id = 1, 1, 0
-    elif isinstance(input_context, tf.distribute.InputContext):
-        num_replicas = input_context.num_replicas_in_sync
-        num_pipelines = input_context.num_input_pipelines
-        pipeline_id = input_context.input_pipeline_id
-    else:
+        return 1, 1, 0
+    if not isinstance(input_context, tf.distribute.InputContext):
         raise TypeError(
             "input_context must be a tf.distribute.InputContext or None; "
             f"received input_context={input_context!r} of type "
             f"{type(input_context).__name__}. Pass the argument the strategy "
             "gives your dataset_fn."
         )
-    batch_size = validation.check_positive_int(
-        "global_batch_size", global_batch_size
-    )
+    num_replicas = input_context.num_replicas_in_sync
+    num_pipelines = input_context.num_input_pipelines
+    pipeline_id = input_context.input_pipeline_id
     validation.check_positive_int("num_replicas_in_sync", num_replicas)
     validation.check_positive_int("num_input_pipelines", num_pipelines)
     if num_replicas % num_pipelines:
@@ -108,6 +105,17 @@ def check_layout(
             f"num_input_pipelines={num_pipelines}. Expected 0 <= id < "
             f"{num_pipelines}."
         )
+    return num_replicas, num_pipelines, pipeline_id
+
+
+def check_layout(
+    input_context: object, global_batch_size: object
+) -> _plan.ReplicaLayout:
+    """Validates the replica layout and the global batch size."""
+    num_replicas, num_pipelines, pipeline_id = check_input_context(input_context)
+    batch_size = validation.check_positive_int(
+        "global_batch_size", global_batch_size
+    )
     validation.check_batch_divides("global_batch_size", batch_size, num_replicas)
     return _plan.ReplicaLayout(
         num_replicas_in_sync=num_replicas,

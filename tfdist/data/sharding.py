@@ -18,6 +18,8 @@ in sync, P input pipelines of R = G / P local replicas, b = B / G::
     sample weight (pad, normalize_padded_loss): B / M_k for every real
         example of step k, 0 for padding; M_k = real examples of step k
         over all replicas and pipelines (B for a full step)
+    split: as pad, but the padding rows are removed; replica r's b_r real
+        rows get sample weight G * b_r / M_k (1 in a full step)
 
 Every pipeline computes `order_e` itself (same seed, same epoch, same
 stateless op), so pipelines agree without communicating and the union of
@@ -37,7 +39,9 @@ step minimizes sum_all(w * loss) / B. With 0/1 weights a padded step's
 gradient is M_k / B times the mean over its real examples, not that mean.
 Weights B / M_k make sum_all(w * loss) / B = sum_real(loss) / M_k: the mean
 over the step's real examples, as one device training on them computes.
-Every replica needs M_k of the whole step, not of its own batch (the tail
+With split, replica r divides by its b_r rows, so weights G * b_r / M_k
+give sum_r (G * b_r / M_k) * sum_{i in r}(loss_i) / (b_r * G) = the same
+mean. Every replica needs M_k of the whole step, not of its own batch (the tail
 is spread over replicas, so some replicas' batches are full in a padded
 step); it comes from the plan, not from any replica's mask.
 
@@ -103,6 +107,7 @@ from tfdist.data import _checks
 from tfdist.data import _pipeline
 from tfdist.data import _plan
 from tfdist.data import _source
+from tfdist.data import _weights
 
 __all__ = [
     "DEFAULT_MAX_IN_MEMORY_BYTES",
@@ -144,11 +149,20 @@ class Remainder(enum.Enum):
         replica gets a full per-replica batch; elements gain a weight, by
         default `global_batch_size / M` for the M real examples of a padded
         step (see `shard`'s `normalize_padded_loss`).
+      SPLIT: Split its real examples over the replicas as evenly as
+        possible, without padding rows (a replica may get fewer rows, or
+        none). Keras-style `(x, y[, w])` elements gain a weight,
+        `num_replicas_in_sync * b / M` for a replica's b rows of a step with
+        M real examples (1.0 in full steps); other elements are left as they
+        are. Unlike PAD, Keras's unweighted metrics and `predict` see only
+        real examples; this is what tfdist strategies use for a plain
+        dataset given to `model.fit`.
       DROP: Drop it (the count is logged).
       ERROR: Raise ConfigError unless the sizes divide evenly.
     """
 
     PAD = "pad"
+    SPLIT = "split"
     DROP = "drop"
     ERROR = "error"
 
@@ -197,18 +211,19 @@ def shard(
     `global_batch_size`. Padding examples are zeros shaped like real ones
     and occur only in an epoch's last global step (file policy: in the last
     steps of the pipelines with less data). Other remainders leave elements
-    as they are.
+    as they are, except `remainder="split"` (see `Remainder.SPLIT`): its
+    last step gives each replica only real rows, so per-replica batches have
+    at most `per_replica_batch_size` rows.
 
-    Known limitations (training itself is exact; what Keras reports is
-    not): Keras `weighted_metrics` count each real example of a padded step
+    Known limitations of `remainder="pad"` (training itself is exact; what
+    Keras reports is not): Keras `weighted_metrics` count each real example of a padded step
     with weight `global_batch_size / M_k`, so over an epoch they weight
     that step's examples more than the others; Keras 3 unweighted `metrics`
     (`compile(metrics=...)`; tf-keras's too) ignore sample weights, so they
     count padding rows as examples, with either setting; and the epoch's
     mean `loss` that `fit` reports weights a padded step like a full one.
-    Where exact metrics matter, evaluate without padding (e.g.
-    `model.evaluate` on one device), or use `normalize_padded_loss=False`
-    with `weighted_metrics`.
+    Where exact metrics matter, use `remainder="split"` (unweighted
+    metrics and `predict` then see only real rows).
 
     Args:
       dataset: A finite `tf.data.Dataset` of unbatched elements (an unknown
@@ -222,12 +237,13 @@ def shard(
         the same seed.
       shuffle: If false, keep the input order (files: their given order).
       policy: `"auto"`, `"file"` or `"element"`; see `ShardPolicy`.
-      remainder: `"pad"`, `"drop"` or `"error"`; see `Remainder`.
+      remainder: `"pad"`, `"split"`, `"drop"` or `"error"`; see `Remainder`.
       normalize_padded_loss: With `remainder="pad"`: if true (default), a
         real example of global step k gets sample weight
         `global_batch_size / M_k` instead of 1, so that a padded step
         trains on the mean loss of its M_k real examples (see above); if
-        false, 0/1 weights. Ignored with other remainders.
+        false, 0/1 weights. With `"split"`: the weights of
+        `Remainder.SPLIT`, or 1 if false. Ignored with other remainders.
       epoch: Epoch number of the first iteration over the returned dataset;
         `None` means 0. With `reshuffle_each_iteration`, later iterations
         are the following epochs.
@@ -346,7 +362,7 @@ def shard(
     return _finish(
         batches,
         remainder,
-        global_batch_size=layout.global_batch_size,
+        layout=layout,
         normalize_padded_loss=normalize_padded_loss,
     )
 
@@ -635,82 +651,52 @@ def _shard_files(
     )
 
 
-def _step_scale(
-    is_real: tf.Tensor,
-    num_real_in_step: tf.Tensor,
-    *,
-    global_batch_size: int,
-    dtype: tf.DType,
-) -> tf.Tensor:
-    """`[b]`: B / M_k for real slots, 0 for padding, rounded once to dtype.
-
-    The quotient is computed in float64 for float64 weights, else in
-    float32 (so half-precision weights get the float32 quotient rounded).
-    """
-    compute_dtype = tf.float64 if dtype == tf.float64 else tf.float32
-    # M_k >= 1 whenever a slot is real; the maximum only avoids 0 / 0 in
-    # the discarded branch of tf.where.
-    scale = tf.constant(global_batch_size, compute_dtype) / tf.cast(
-        tf.maximum(num_real_in_step, 1), compute_dtype
-    )
-    return tf.cast(tf.where(is_real, scale, tf.zeros([], compute_dtype)), dtype)
-
-
-def _weights_fn(
-    *, global_batch_size: int, normalize_padded_loss: bool
-) -> Callable[[Nested, tf.Tensor, tf.Tensor], Nested]:
-    """Returns (x, y[, w]), is_real, M_k -> (x, y, weight); see `shard`."""
-
-    def weight_like(
-        is_real: tf.Tensor, num_real_in_step: tf.Tensor, dtype: tf.DType
-    ) -> tf.Tensor:
-        if normalize_padded_loss:
-            return _step_scale(
-                is_real,
-                num_real_in_step,
-                global_batch_size=global_batch_size,
-                dtype=dtype,
-            )
-        return tf.cast(is_real, dtype)
-
-    @tf.autograph.experimental.do_not_convert
-    def with_weights(
-        batch: Nested, is_real: tf.Tensor, num_real_in_step: tf.Tensor
-    ) -> Nested:
-        if len(batch) == 2:
-            x, y = batch
-            return x, y, weight_like(is_real, num_real_in_step, tf.float32)
-        x, y, weight = batch
-
-        def scaled(w: tf.Tensor) -> tf.Tensor:
-            if normalize_padded_loss and not w.dtype.is_floating:
-                w = tf.cast(w, tf.float32)  # B / M_k is not an integer.
-            factor = weight_like(is_real, num_real_in_step, w.dtype)
-            shape = tf.concat(
-                [tf.shape(factor), tf.ones([tf.rank(w) - 1], tf.int32)],
-                axis=0,
-            )
-            return w * tf.reshape(factor, shape)
-
-        return x, y, tf.nest.map_structure(scaled, weight)
-
-    return with_weights
-
-
 def _finish(
     batches: tf.data.Dataset,
     remainder: Remainder,
     *,
-    global_batch_size: int,
+    layout: _plan.ReplicaLayout,
     normalize_padded_loss: bool,
 ) -> tf.data.Dataset:
-    if remainder is Remainder.PAD:
-        out = batches.map(
-            _weights_fn(
-                global_batch_size=global_batch_size,
-                normalize_padded_loss=normalize_padded_loss,
-            )
+    """Maps `(batch, is_real, M_k)` to what `shard` yields for `remainder`."""
+    global_batch_size = layout.global_batch_size
+    num_replicas = layout.num_replicas_in_sync
+
+    @tf.autograph.experimental.do_not_convert
+    def padded(batch: Nested, is_real: tf.Tensor, num_real: tf.Tensor) -> Nested:
+        def factors(dtype: tf.DType) -> tf.Tensor:
+            if not normalize_padded_loss:
+                return tf.cast(is_real, dtype)
+            scale = _weights.ratio(global_batch_size, num_real, dtype)
+            return tf.where(is_real, scale, tf.zeros([], dtype))
+
+        return _weights.with_row_weights(
+            batch, factors, keep_integer_weights=not normalize_padded_loss
         )
+
+    @tf.autograph.experimental.do_not_convert
+    def split(batch: Nested, is_real: tf.Tensor, num_real: tf.Tensor) -> Nested:
+        rows = tf.nest.map_structure(
+            lambda t: tf.boolean_mask(t, is_real), batch
+        )
+        if not _weights.is_keras_tuple(rows):
+            return rows
+        num_rows = tf.reduce_sum(tf.cast(is_real, tf.int64))
+
+        def factors(dtype: tf.DType) -> tf.Tensor:
+            if not normalize_padded_loss:
+                return tf.ones([num_rows], dtype)
+            scale = _weights.ratio(num_replicas * num_rows, num_real, dtype)
+            return tf.fill([num_rows], scale)
+
+        return _weights.with_row_weights(
+            rows, factors, keep_integer_weights=not normalize_padded_loss
+        )
+
+    if remainder is Remainder.PAD:
+        out = batches.map(padded)
+    elif remainder is Remainder.SPLIT:
+        out = batches.map(split)
     else:
         out = batches.map(
             tf.autograph.experimental.do_not_convert(

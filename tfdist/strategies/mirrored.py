@@ -7,8 +7,10 @@ compression. Variables are mirrored, each replica runs on one device, and
 every step's gradients are summed over replicas, so training with global
 batch B gives the same weights as one device with batch B.
 
-It also checks the one thing TF leaves to a late shape error: a global
-batch that `num_replicas_in_sync` does not divide.
+Plain datasets given to Keras are distributed by tfdist's sharder, not TF's
+rebatching (`tfdist/strategies/_input.py`): a last partial batch trains
+exactly as on one device. It also checks the one thing TF leaves to a late
+shape error: a global batch that `num_replicas_in_sync` does not divide.
 
 Updates on host memory. When every replica device is a CPU of this
 process, the devices share one memory system and the same cores, so
@@ -39,9 +41,10 @@ import tensorflow as tf
 
 from tfdist import devices as devices_lib
 from tfdist._internal import tf_private
-from tfdist._internal import validation
 from tfdist.collectives import cost_model as cost_model_lib
 from tfdist.collectives import cross_device_ops
+from tfdist.data import options as data_options
+from tfdist.strategies import _input as input_lib
 
 __all__ = ["MirroredStrategy"]
 
@@ -74,6 +77,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
       update_once_on_host: Apply each variable update once and copy it to
         the other devices (see the module docstring). `None`: only when
         every device is a CPU of this process.
+      shard_options: `None` to split each batch of a plain dataset over the
+        replicas (`tfdist.data.split_batches`), or a
+        `tfdist.data.ShardOptions` to shard it with `tfdist.data.shard`.
 
     Raises:
       ConfigError: Unknown `all_reduce` or `compression`, or a
@@ -98,6 +104,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         compression: str | None = None,
         cost_model: cost_model_lib.CostModel | None = None,
         update_once_on_host: bool | None = None,
+        shard_options: data_options.ShardOptions | None = None,
     ) -> None:
         if update_once_on_host is not None and not isinstance(
             update_once_on_host, bool
@@ -108,6 +115,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
             )
         # Before resolve_local_devices, which starts the TF runtime.
         cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
+        input_lib.check_shard_options(shard_options)
         resolved = devices_lib.resolve_local_devices(devices)
         if update_once_on_host is None:
             update_once_on_host = len(resolved) > 1 and all(
@@ -131,6 +139,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         tf.distribute.Strategy.__init__(self, extended)
         self._all_reduce_op = all_reduce_op
         self._update_once_on_host = update_once_on_host
+        self._shard_options = shard_options
 
     @property
     def cross_device_ops(self) -> cross_device_ops.AllReduce:
@@ -142,21 +151,30 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         """Whether updates run once and are copied (see module docstring)."""
         return self._update_once_on_host
 
+    @property
+    def shard_options(self) -> data_options.ShardOptions | None:
+        """How plain datasets are sharded (`None`: `split_batches`)."""
+        return self._shard_options
+
     def experimental_distribute_dataset(
         self, dataset: tf.data.Dataset, options: Any = None
     ) -> Any:
-        """Splits each global batch of `dataset` over the replicas.
+        """Distributes a batched `dataset` with tfdist's sharder.
 
-        As `tf.distribute.Strategy.experimental_distribute_dataset`, and
-        first checks that the global batch size divides by
-        `num_replicas_in_sync` (Keras 3 otherwise fails later with an AddN
-        shape error).
+        Each global batch is split over the replicas by
+        `tfdist.data.split_batches` (or the dataset is sharded by
+        `tfdist.data.shard` with `shard_options`), never by TF's rebatching:
+        a last partial batch trains exactly as on one device, and
+        `predict` and unweighted metrics see every example once.
 
         Raises:
-          ConfigError: If the batch size does not divide.
+          ConfigError: If the global batch size does not divide by
+            `num_replicas_in_sync` (Keras 3 otherwise fails later with an
+            AddN shape error).
         """
-        check_global_batch_divides(dataset, self.num_replicas_in_sync)
-        return super().experimental_distribute_dataset(dataset, options)
+        return input_lib.distribute_dataset(
+            self, dataset, self._shard_options, options
+        )
 
 
 class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
@@ -203,36 +221,3 @@ class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
                 copied = component.assign(value)
             updates.append(tf.nest.map_structure(lambda _: copied, result))
         return tf_private.update_regroup(self, updates, group)
-
-
-def check_global_batch_divides(
-    dataset: tf.data.Dataset, num_replicas_in_sync: int
-) -> None:
-    """Raises ConfigError if `dataset`'s batch size leaves replicas unequal.
-
-    The static batch dimension is used when known; otherwise (a final
-    partial batch makes it unknown) the first batch is read once.
-    """
-    if num_replicas_in_sync == 1:
-        return
-    batch_size = _global_batch_size(dataset)
-    if batch_size is not None:
-        validation.check_batch_divides(
-            "global batch_size", batch_size, num_replicas_in_sync
-        )
-
-
-def _global_batch_size(dataset: tf.data.Dataset) -> int | None:
-    leaves = tf.nest.flatten(dataset.element_spec)
-    shapes = [leaf.shape for leaf in leaves if isinstance(leaf, tf.TensorSpec)]
-    if not shapes or shapes[0].rank in (None, 0):
-        return None
-    static = shapes[0][0]
-    if static is not None:
-        return int(static)
-    first = next(iter(dataset.take(1)), None)
-    if first is None:
-        return None
-    return int(tf.nest.flatten(first)[0].shape[0])
-
-

@@ -17,10 +17,11 @@ timeout. It also works around two Keras 3 bugs in the multi-worker path
 `reduce` below maps over the structure and, for scalar values, reduces
 across replicas only (for a scalar, "along axis 0" adds nothing).
 
-Datasets given to `experimental_distribute_dataset` are sharded by element
-(`AutoShardPolicy.DATA`) explicitly: each worker takes its slice of every
-global batch, so training equals one process with the same global batch,
-and TF's "failed to apply FILE sharding policy" warning never appears.
+Datasets given to `experimental_distribute_dataset` are sharded by tfdist
+(`tfdist/strategies/_input.py`), not TF's auto-sharding: each worker takes
+its replicas' slices of every global batch, so training equals one process
+with the same global batch (a last partial batch included), and TF's
+"failed to apply FILE sharding policy" warning never appears.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import parse_tf_config
 from tfdist.cluster import to_cluster_resolver
-from tfdist.strategies import mirrored
+from tfdist.data import options as data_options
+from tfdist.strategies import _input as input_lib
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MultiWorkerMirroredStrategy"]
 
@@ -82,12 +84,14 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         bucket_bytes: int | None = None,
+        shard_options: data_options.ShardOptions | None = None,
     ) -> None:
         # dict[str, Any]: TF_CONFIG is free-form JSON; parse_tf_config checks it.
         config = cluster if isinstance(cluster, ClusterConfig) else parse_tf_config(cluster)
         timeout = validation.check_positive_number("timeout_s", timeout_s)
         if bucket_bytes is not None:
             validation.check_positive_int("bucket_bytes", bucket_bytes)
+        input_lib.check_shard_options(shard_options)
         if config.task is not None and config.task.task_type not in ("chief", "worker"):
             raise errors.ConfigError(
                 f"MultiWorkerMirroredStrategy runs on chief and worker tasks; "
@@ -105,6 +109,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         )
         self._cluster_config = config
         self._timeout_s = timeout
+        self._shard_options = shard_options
 
     @property
     def cluster_config(self) -> ClusterConfig:
@@ -134,20 +139,25 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
         return tf.nest.map_structure(reduce_one, value)
 
+    @property
+    def shard_options(self) -> data_options.ShardOptions | None:
+        """How plain datasets are sharded (`None`: `split_batches`)."""
+        return self._shard_options
+
     def experimental_distribute_dataset(
         self, dataset: tf.data.Dataset, options: Any = None
     ) -> Any:
         """Shards each global batch of `dataset` over workers and replicas.
 
+        Every worker reads the whole dataset (which must produce the same
+        batches on every worker) and keeps its replicas' slices of each
+        batch (`tfdist.data.split_batches`), or shards it with
+        `tfdist.data.shard` given `shard_options`.
+
         Raises:
           ConfigError: If the global batch size does not divide by
             `num_replicas_in_sync`.
         """
-        mirrored.check_global_batch_divides(dataset, self.num_replicas_in_sync)
-        data_options = tf.data.Options()
-        data_options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.DATA
-        )
-        return super().experimental_distribute_dataset(
-            dataset.with_options(data_options), options
+        return input_lib.distribute_dataset(
+            self, dataset, self._shard_options, options
         )

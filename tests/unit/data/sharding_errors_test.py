@@ -72,7 +72,7 @@ class ArgumentCheckTest(tf.test.TestCase, parameterized.TestCase):
             testcase_name="remainder",
             name="remainder",
             value="truncate",
-            choices="'pad', 'drop', 'error'",
+            choices="'pad', 'split', 'drop', 'error'",
         ),
     )
     def test_unknown_choice_lists_the_choices(self, name, value, choices):

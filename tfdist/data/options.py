@@ -1,0 +1,108 @@
+"""`ShardOptions`: how a tfdist strategy shards a plain dataset with `shard`.
+
+tfdist strategies distribute a batched dataset given to `model.fit`,
+`evaluate` or `predict` themselves, never with TF's auto-sharding:
+
+- by default (`shard_options=None`) with `split_batches`, which keeps the
+  user's pipeline and cuts every global batch over the replicas exactly;
+- with `shard_options=ShardOptions(...)` by unbatching the dataset and
+  running `shard` on it: a deterministic per-epoch reshuffle computed by
+  tfdist, resumable at `(epoch, start_step)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist import errors
+from tfdist._internal import validation
+from tfdist.data import _checks
+from tfdist.data import sharding
+
+__all__ = ["ShardOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardOptions:
+    """Options of `tfdist.data.shard` for a strategy's plain-dataset input.
+
+    Pass to `tfdist.MirroredStrategy(shard_options=...)` or
+    `tfdist.MultiWorkerMirroredStrategy(shard_options=...)`. The strategy
+    then unbatches each dataset given to Keras and shards it with `shard`
+    (element policy) at the dataset's own global batch size, so the number
+    of steps per epoch is the batched dataset's.
+
+    Contract: the dataset must be finite and its elements are read once into
+    memory (or streamed, see `shard`), so randomness inside the user's
+    pipeline is frozen at that first read; shuffle with `shuffle=True` here
+    instead. Under Keras 3, `fit` reads one batch from a fresh iterator to
+    build the model before its first epoch, and that iterator takes epoch
+    `epoch` for itself: training's first epoch is then `epoch + 1` (still a
+    complete, exactly-once epoch).
+
+    Attributes:
+      seed: Seed of the permutations; the same on every worker.
+      shuffle: Reshuffle per epoch (deterministically from `seed`).
+      remainder: "split" (default; no padding rows, see
+        `Remainder.SPLIT`), "pad" or "error". "drop" is refused: Keras
+        counts the steps of the batched dataset, so batch it with
+        `drop_remainder=True` instead.
+      epoch: Epoch of the first iterator (`None`: 0).
+      start_step: Global step within `epoch` to start at.
+      max_in_memory_bytes: See `shard`.
+
+    Raises:
+      TypeError, ConfigError: On construction, for invalid values.
+    """
+
+    seed: int = 0
+    shuffle: bool = True
+    remainder: sharding.Remainder | str = sharding.Remainder.SPLIT
+    epoch: int | None = None
+    start_step: int = 0
+    max_in_memory_bytes: int = sharding.DEFAULT_MAX_IN_MEMORY_BYTES
+
+    def __post_init__(self) -> None:
+        _checks.check_seed(self.seed)
+        _checks.check_bool("shuffle", self.shuffle)
+        value = (
+            self.remainder.value
+            if isinstance(self.remainder, sharding.Remainder)
+            else self.remainder
+        )
+        if value == sharding.Remainder.DROP.value:
+            raise errors.ConfigError(
+                "ShardOptions(remainder='drop') is not supported: Keras "
+                "counts the steps of the batched dataset you pass to fit, "
+                "which includes the last partial batch. Batch the dataset "
+                "with drop_remainder=True instead, or use remainder='split'."
+            )
+        validation.check_one_of(
+            "remainder", value, ["split", "pad", "error"]
+        )
+        if self.epoch is not None:
+            validation.check_non_negative_int("epoch", self.epoch)
+        validation.check_non_negative_int("start_step", self.start_step)
+        validation.check_positive_int(
+            "max_in_memory_bytes", self.max_in_memory_bytes
+        )
+
+    def shard(
+        self,
+        unbatched: tf.data.Dataset,
+        input_context: tf.distribute.InputContext,
+        *,
+        global_batch_size: int,
+    ) -> tf.data.Dataset:
+        """Returns `shard(unbatched, input_context, ...)` with these options."""
+        kwargs: dict[str, Any] = dataclasses.asdict(self)
+        return sharding.shard(
+            unbatched,
+            input_context,
+            global_batch_size=global_batch_size,
+            policy=sharding.ShardPolicy.ELEMENT,
+            **kwargs,
+        )

@@ -1,0 +1,126 @@
+"""Splits an already-batched dataset's global batches over replicas, exactly.
+
+`split_batches` is how tfdist strategies distribute a plain dataset given to
+`model.fit`, `evaluate` or `predict`: the user's pipeline (its order, its
+own per-epoch shuffling, its batch size) is kept, and every global batch is
+cut into per-replica slices. G replicas in sync, P input pipelines of
+R = G / P local replicas each; a global batch of m rows (m may vary, e.g. a
+last partial batch)::
+
+    slice s gets rows [s * q + min(s, e), ...) of length q + (s < e),
+        where q = m // G and e = m % G
+    pipeline p feeds its local replica r with slice s = r * P + p
+    Keras-style (x, y[, w]) elements gain sample weight G * b_s / m for the
+        b_s rows of slice s (1.0 when G divides m; a given weight is
+        multiplied)
+
+The slice order is the one Keras expects when it concatenates `predict`
+outputs across workers (local replica r of every worker, then r + 1), so
+`predict` returns the rows in input order. The weights make Keras's default
+loss reduction (each replica divides by its own row count, then 1 / G)
+equal the mean over the m rows, as one device training on that batch
+computes: sum_s (G * b_s / m) * sum_{i in s}(loss_i) / (b_s * G) = mean.
+There are no padding rows, so unweighted metrics and `predict` see each
+example exactly once.
+
+Every pipeline reads every batch (as TF's `AutoShardPolicy.DATA`), so all
+workers must produce the same batches: a deterministic input, or shuffling
+with the same seed on every worker. For per-epoch reshuffling computed by
+tfdist, and reading only a pipeline's share of files, use `shard`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist import errors
+from tfdist.data import _checks
+from tfdist.data import _weights
+
+__all__ = ["split_batches"]
+
+# `Any` below: a nested structure (tuple/dict) of tensors, as tf.data yields.
+Nested = Any
+
+
+def split_batches(
+    dataset: tf.data.Dataset,
+    input_context: tf.distribute.InputContext | None,
+    *,
+    weight_uneven: bool = True,
+) -> tf.data.Dataset:
+    """Returns this pipeline's per-replica slices of `dataset`'s batches.
+
+    Call it from the `dataset_fn` of
+    `strategy.distribute_datasets_from_function`, once per input pipeline;
+    tfdist strategies do so for a plain dataset. For each batch of
+    `dataset` the result yields R consecutive elements, this pipeline's
+    local replicas in order (see the module docstring for which rows).
+
+    Args:
+      dataset: A `tf.data.Dataset` of batches: dense tensors whose first
+        dimension is the batch (the same length in every component).
+        Elements `(x, y)` or `(x, y, sample_weight)` gain or scale a sample
+        weight; anything else (e.g. `x` alone, for `predict`) is only split.
+      input_context: The `tf.distribute.InputContext` the strategy passes;
+        `None` means one pipeline feeding one replica.
+      weight_uneven: If true (default), Keras-style elements get the weights
+        of the module docstring; if false, weight 1 (a batch that G does not
+        divide then trains on a slightly different mean).
+
+    Returns:
+      A dataset of per-replica batches with an unknown batch dimension; a
+      replica's slice may have no rows when a batch has fewer than G rows.
+
+    Raises:
+      TypeError: If an argument has the wrong type.
+      ConfigError: If the elements are not dense batched tensors.
+    """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            "dataset must be a tf.data.Dataset of batches; received "
+            f"dataset={dataset!r} of type {type(dataset).__name__}."
+        )
+    _checks.check_bool("weight_uneven", weight_uneven)
+    num_replicas, num_pipelines, pipeline_id = _checks.check_input_context(
+        input_context
+    )
+    _checks.check_dense_elements(dataset.element_spec)
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if spec.shape.rank == 0:
+            raise errors.ConfigError(
+                "split_batches needs batched elements (a leading batch "
+                f"dimension); received a scalar component with spec {spec!r}. "
+                "Call dataset.batch(global_batch_size) first."
+            )
+
+    @tf.autograph.experimental.do_not_convert
+    def replica_slices(*components: Nested) -> tf.data.Dataset:
+        batch = components[0] if len(components) == 1 else components
+        rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+        quotient = rows // num_replicas
+        extra = rows % num_replicas
+
+        @tf.autograph.experimental.do_not_convert
+        def one_slice(local_replica: tf.Tensor) -> Nested:
+            index = local_replica * num_pipelines + pipeline_id
+            start = index * quotient + tf.minimum(index, extra)
+            size = quotient + tf.cast(index < extra, tf.int64)
+            part = tf.nest.map_structure(lambda t: t[start : start + size], batch)
+            if not _weights.is_keras_tuple(part):
+                return part
+
+            def factors(dtype: tf.DType) -> tf.Tensor:
+                if not weight_uneven:
+                    return tf.ones([size], dtype)
+                return tf.fill(
+                    [size], _weights.ratio(num_replicas * size, rows, dtype)
+                )
+
+            return _weights.with_row_weights(part, factors)
+
+        return tf.data.Dataset.range(num_replicas // num_pipelines).map(one_slice)
+
+    return dataset.flat_map(replica_slices).prefetch(tf.data.AUTOTUNE)
