@@ -38,19 +38,7 @@ def train(use_strategy: bool) -> dict[str, object]:
     x = rng.normal(size=(NUM_EXAMPLES, 8)).astype("float32")
     y = rng.integers(0, 3, NUM_EXAMPLES).astype("int32")
     with strategy.scope():
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential(
-            [
-                keras.Input((8,)),
-                keras.layers.Dense(16, activation="relu"),
-                keras.layers.Dense(3),
-            ]
-        )
-        model.compile(
-            optimizer=keras.optimizers.Adam(0.01),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+        model = tfdist.testing.small_classifier(keras.optimizers.Adam(0.01))
     history = model.fit(
         x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0
     )

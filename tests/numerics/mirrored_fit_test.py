@@ -52,20 +52,7 @@ def _optimizer(name):
 
 def _mlp_builder(optimizer_name):
     def build():
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential(
-            [
-                keras.Input((8,)),
-                keras.layers.Dense(16, activation="relu"),
-                keras.layers.Dense(3),
-            ]
-        )
-        model.compile(
-            optimizer=_optimizer(optimizer_name),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
-        return model
+        return tfdist.testing.small_classifier(_optimizer(optimizer_name))
 
     return build
 

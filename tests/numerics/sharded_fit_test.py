@@ -93,20 +93,7 @@ def _data(num_examples: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _build_model():
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential(
-        [
-            keras.Input((8,)),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(3),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.SGD(learning_rate=0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    return model
+    return tfdist.testing.small_classifier(keras.optimizers.SGD(learning_rate=0.1))
 
 
 class _StepCounter(keras.callbacks.Callback):

@@ -18,6 +18,21 @@ Why each import is needed:
   methods are TF's real (private) strategy contract.
 - `resource_variable_ops.ResourceVariable`: a variable that bypasses the
   strategy's variable creator (input-pipeline state must not be mirrored).
+- `eager.context` coordination and collective-health calls: TF's
+  MultiWorkerMirroredStrategy configures the coordination service itself
+  with no timeouts (a worker that never starts is waited for forever);
+  tfdist configures it first, with `timeout_s`-derived bounds, and its peer
+  watchdog probes peers and aborts collectives as TF's own (disabled)
+  health-check thread would.
+- `coordination_config_pb2.CoordinatedJob`: the job list of that config.
+- `errors_impl._CODE_TO_EXCEPTION_CLASS` and
+  `atomic_function.InterpolateRuntimeError.__exit__`: after the watchdog
+  declares a peer lost, TF's UNAVAILABLE errors (the aborted collectives,
+  raised from C++ inside `fit`, where no tfdist code runs) become a tfdist
+  subclass of `tf.errors.UnavailableError`, so `fit` raises a tfdist
+  error. Eager ops build errors from the first; `tf.function` calls get
+  theirs from TF's C++ registry, which cannot be re-initialized, and pass
+  them through the second, where the instance is re-classed.
 """
 
 from __future__ import annotations
@@ -31,6 +46,10 @@ from tensorflow.python.distribute import distribute_lib as _distribute_lib
 from tensorflow.python.distribute import distribute_utils as _distribute_utils
 from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
 from tensorflow.python.distribute import values as _values
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as _coordination_pb2
+from tensorflow.python.eager import context as _context
+from tensorflow.python.eager.polymorphic_function import atomic_function as _atomic_function
+from tensorflow.python.framework import errors_impl as _errors_impl
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 
 __all__ = [
@@ -120,3 +139,103 @@ def make_local_counter(name: str) -> tf.Variable:
     return _resource_variable_ops.ResourceVariable(
         0, dtype=tf.int64, trainable=False, name=name
     )
+
+
+def configure_coordination_service(
+    jobs: Sequence[tuple[str, int]],
+    leader: str,
+    *,
+    register_timeout_ms: int,
+    heartbeat_timeout_ms: int,
+    shutdown_barrier_timeout_ms: int,
+) -> None:
+    """Configures TF's coordination service as MWMS does, with timeouts.
+
+    Must run before the TF context is initialized (before the strategy is
+    built); TF's MultiWorkerMirroredStrategy then keeps this configuration.
+
+    Args:
+      jobs: (job name, task count) of the coordinated jobs (chief, worker).
+      leader: The service leader, e.g. "/job:chief/replica:0/task:0".
+      register_timeout_ms: Bound on waiting for every task to register.
+      heartbeat_timeout_ms: A task silent this long is declared dead.
+      shutdown_barrier_timeout_ms: Bound on the shutdown barrier at exit.
+    """
+    _context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=leader,
+        cluster_register_timeout_in_ms=register_timeout_ms,
+        heartbeat_timeout_in_ms=heartbeat_timeout_ms,
+        shutdown_barrier_timeout_in_ms=shutdown_barrier_timeout_ms,
+        coordinated_jobs=[
+            _coordination_pb2.CoordinatedJob(name=name, num_tasks=count)
+            for name, count in jobs
+        ],
+    )
+    # Without the barrier, the register timeout does not end the wait for a
+    # task that never connects (TF 2.21).
+    _context.context()._coordination_service_config.cluster_register_with_barrier = True
+
+
+def check_peer_health(peer: str, timeout_ms: int) -> None:
+    """Raises a `tf.errors.OpError` if collective peer `peer` is not healthy.
+
+    `peer` is "/job:worker/replica:0/task:1"; a restarted peer is unhealthy.
+    """
+    _context.context().check_collective_ops_peer_health(peer, timeout_ms)
+
+
+def abort_collectives(message: str) -> None:
+    """Makes every pending and later collective fail with UNAVAILABLE."""
+    _context.context().abort_collective_ops(tf.errors.UNAVAILABLE, message)
+
+
+def set_cluster_key(key: str, value: str) -> None:
+    """Stores `key` in the coordination service's key-value store."""
+    _context.context().set_config_key_value(key, value)
+
+
+def get_cluster_key(key: str, timeout_ms: int) -> str | None:
+    """Returns `key` from the coordination service, or None if unset in time."""
+    try:
+        return str(_context.context().get_config_key_value(key, timeout_ms))
+    except (tf.errors.DeadlineExceededError, tf.errors.NotFoundError,
+            tf.errors.UnavailableError):
+        return None
+
+
+_unavailable_error_class: list[type[tf.errors.UnavailableError]] = []
+
+
+def install_unavailable_error_hook() -> None:
+    """Lets `raise_unavailable_errors_as` reach `tf.function` calls.
+
+    Must run before the calls it should affect start: Python binds a `with`
+    block's `__exit__` when the block is entered, and `fit` may already be
+    waiting inside a call when the error class is chosen. Idempotent.
+    """
+    interpolate = _atomic_function.InterpolateRuntimeError
+    if getattr(interpolate, "_tfdist_original_exit", None) is not None:
+        return
+    original_exit = interpolate.__exit__
+
+    def exit_with_error_class(self: Any, typ: Any, exc: Any, tb: Any) -> Any:
+        if _unavailable_error_class and type(exc) is tf.errors.UnavailableError:
+            exc.__class__ = _unavailable_error_class[0]
+        return original_exit(self, typ, exc, tb)
+
+    interpolate._tfdist_original_exit = original_exit
+    interpolate.__exit__ = exit_with_error_class
+
+
+def raise_unavailable_errors_as(error_class: type[tf.errors.UnavailableError]) -> None:
+    """Makes every later UNAVAILABLE error of TF an instance of `error_class`.
+
+    `error_class` must subclass `tf.errors.UnavailableError`, add no
+    instance layout, and take its constructor arguments. Covers eager ops
+    and, after `install_unavailable_error_hook`, `tf.function` calls (as in
+    `model.fit`); see the module docstring.
+    """
+    _errors_impl._CODE_TO_EXCEPTION_CLASS[tf.errors.UNAVAILABLE] = error_class
+    _unavailable_error_class[:] = [error_class]
+

@@ -31,12 +31,14 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import keras_compat
 from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import parse_tf_config
 from tfdist.cluster import to_cluster_resolver
 from tfdist.data import options as data_options
 from tfdist.strategies import _input as input_lib
+from tfdist.strategies import peer_watchdog
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MultiWorkerMirroredStrategy"]
 
@@ -54,9 +56,20 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     gRPC.
 
     Contract: construction blocks until every worker of the cluster has
-    started its strategy (TF's collective group set-up). Every collective
-    fails with a `tf.errors.DeadlineExceededError` after `timeout_s` if a
-    peer does not take part.
+    started its strategy, for at most `timeout_s`. After that, a watchdog
+    thread probes the peers (`tfdist/strategies/peer_watchdog.py`): when a
+    peer is lost, every collective of this process is aborted and
+    `WorkerUnavailableError` naming the peer is raised in the thread that
+    built the strategy (where `fit` runs), within a few seconds. A peer
+    that is alive but stuck makes each collective fail with TF's
+    `tf.errors.DeadlineExceededError` after `timeout_s`. After either, this
+    process cannot run collectives again: restart the job.
+
+    Checkpoints: only the chief (the `chief` task, else `worker:0`) writes
+    them. Under Keras 3, `keras.callbacks.BackupAndRestore` and
+    `ModelCheckpoint` on other workers write to temporary directories that
+    are deleted at once, and restore from the chief's files (tf-keras does
+    this itself).
 
     Args:
       cluster: A `tfdist.cluster.ClusterConfig`, a TF_CONFIG JSON string or
@@ -66,7 +79,10 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         bytes (>= 1), or `None` for TF's default.
 
     Raises:
-      ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid.
+      ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, or this
+        task's address is already in use (two processes with one index).
+      WorkerUnavailableError: If the cluster does not start within
+        `timeout_s`; names the tasks that do not accept connections.
       ConfigError: For a non-positive `timeout_s` or `bucket_bytes`, or a
         task type that does not train (ps, evaluator).
 
@@ -98,16 +114,39 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 f"received task={config.task.name!r}. Start ps/evaluator tasks "
                 "without this strategy, or drop them from the cluster."
             )
+        multi_task = (
+            config.cluster is not None
+            and config.task is not None
+            and len(config.cluster.addresses("chief"))
+            + len(config.cluster.addresses("worker"))
+            > 1
+        )
+        if multi_task:
+            # Before TF starts the runtime: see peer_watchdog's docstring.
+            peer_watchdog.check_own_port(config)
+            peer_watchdog.configure_coordination(config, timeout)
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=bucket_bytes or 0,
             timeout_seconds=timeout,
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         )
-        super().__init__(
-            cluster_resolver=to_cluster_resolver(config),
-            communication_options=options,
-        )
+        try:
+            super().__init__(
+                cluster_resolver=to_cluster_resolver(config),
+                communication_options=options,
+            )
+        except tf.errors.OpError as e:
+            if not multi_task:
+                raise
+            raise _start_up_error(config, timeout, e) from e
         self._cluster_config = config
+        self._watchdog: peer_watchdog.PeerWatchdog | None = None
+        if multi_task and config.task is not None:
+            self._watchdog = peer_watchdog.PeerWatchdog(config, timeout_s=timeout)
+            self._watchdog.start()
+            if not self.extended.should_checkpoint:
+                # Only the chief writes checkpoints (see keras_compat).
+                keras_compat.redirect_non_chief_checkpoints(config.task.name)
         self._timeout_s = timeout
         self._shard_options = shard_options
 
@@ -161,3 +200,30 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         return input_lib.distribute_dataset(
             self, dataset, self._shard_options, options
         )
+
+
+def _start_up_error(
+    config: ClusterConfig, timeout_s: float, cause: Exception
+) -> errors.WorkerUnavailableError:
+    """The error for a cluster that did not come up within `timeout_s`."""
+    missing = peer_watchdog.unreachable_peers(config)
+    first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    if missing:
+        found = (
+            f"{', '.join(missing)} did not accept connections (not started, "
+            "or exited during start-up)"
+        )
+    else:
+        found = (
+            "every task accepts connections, but not all of them joined (a "
+            "task may have a different TF_CONFIG cluster)"
+        )
+    return errors.WorkerUnavailableError(
+        f"the cluster did not start within timeout_s={timeout_s:g} s: "
+        f"{found}. Start every task of the cluster, each with the same "
+        "TF_CONFIG cluster and its own task (tfdist-launch does this), or "
+        f"raise timeout_s. TensorFlow reported: {type(cause).__name__}: "
+        f"{first_line}",
+        task=missing[0].split(" ")[0] if missing else None,
+    )
+

@@ -1,7 +1,7 @@
 """Test helpers shipped with tfdist, so users can test their own models.
 
 Public API: `use_logical_cpus`, `main`, `assert_weights_close`,
-`assert_matches_single_device`, `run_local_cluster`.
+`assert_matches_single_device`, `run_local_cluster`, `small_classifier`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from tfdist.testing.devices import use_logical_cpus
 from tfdist.testing.numerics import Comparison
 from tfdist.testing.numerics import assert_matches_single_device
 from tfdist.testing.numerics import assert_weights_close
+from tfdist.testing.models import small_classifier
 
 __all__ = [
     "Comparison",
@@ -19,5 +20,6 @@ __all__ = [
     "assert_weights_close",
     "main",
     "run_local_cluster",
+    "small_classifier",
     "use_logical_cpus",
 ]

@@ -1,0 +1,104 @@
+"""A worker program for the fault tests (run as a script, one per task).
+
+    python fault_script.py MODE OUT_DIR [TIMEOUT_S]
+
+Builds `tfdist.MultiWorkerMirroredStrategy(timeout_s=TIMEOUT_S)` from
+TF_CONFIG and trains a small model for 3 epochs of 8 steps. MODE:
+
+- `kill`: worker 1 kills itself (SIGKILL) at step 3 of epoch 2, after
+  writing the time to OUT_DIR/killed_at; the survivors write what `fit`
+  raised to OUT_DIR/<task>.json.
+- `restart`: trains with `keras.callbacks.BackupAndRestore(OUT_DIR/backup)`;
+  on its first attempt (no OUT_DIR/attempted-worker-1 yet) worker 1
+  kills itself at step 3 of epoch 2. The chief writes the final weights to
+  OUT_DIR/weights.npz.
+- `reference`: `restart` without a failure, in one process and without a
+  strategy, writing OUT_DIR/weights.npz.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+
+keras = tf.keras
+GLOBAL_BATCH_SIZE = 32
+NUM_EXAMPLES = 8 * GLOBAL_BATCH_SIZE
+EPOCHS = 3
+KILL_EPOCH = 1  # 0-based: the second of three epochs.
+KILL_STEP = 3
+
+
+class _KillAt(keras.callbacks.Callback):
+    """Kills this process at (KILL_EPOCH, KILL_STEP) when `armed`."""
+
+    def __init__(self, armed: bool, out_dir: str) -> None:
+        super().__init__()
+        self._armed = armed
+        self._out_dir = out_dir
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._armed and self._epoch == KILL_EPOCH and batch == KILL_STEP:
+            with open(os.path.join(self._out_dir, "killed_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _model():
+    return tfdist.testing.small_classifier(keras.optimizers.Adam(0.01))
+
+
+def main(mode: str, out_dir: str, timeout_s: float) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(NUM_EXAMPLES, 8)).astype("float32")
+    y = rng.integers(0, 3, NUM_EXAMPLES).astype("int32")
+    if mode == "reference":
+        model = _model()
+        model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=EPOCHS, shuffle=False, verbose=0)
+        np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
+        return
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
+    task = strategy.cluster_config.task
+    with strategy.scope():
+        model = _model()
+    attempted = os.path.join(out_dir, f"attempted-{task.task_type}-{task.task_id}")
+    first_attempt = not os.path.exists(attempted)
+    with open(attempted, "a") as f:
+        f.write("1\n")
+    callbacks = [_KillAt(task.name == "worker:1" and first_attempt, out_dir)]
+    if mode == "restart":
+        callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
+    try:
+        model.fit(
+            x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=EPOCHS, shuffle=False,
+            verbose=0, callbacks=callbacks,
+        )
+    except Exception as e:  # The fault test records what the survivor saw.
+        record = {
+            "type": type(e).__name__,
+            "is_tfdist": isinstance(e, tfdist.errors.WorkerUnavailableError),
+            "task": getattr(e, "task", None),
+            "message": str(e),
+            "raised_at": time.time(),
+        }
+        with open(os.path.join(out_dir, f"{task.name}.json"), "w") as f:
+            json.dump(record, f)
+        raise
+    if task.name == "worker:0":
+        np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 20.0)

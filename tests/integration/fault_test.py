@@ -1,0 +1,158 @@
+"""No hangs: lost, missing and duplicate workers end in tfdist errors, in time.
+
+Every case runs real processes on 127.0.0.1 (`fault_script.py` is the
+worker program) and is bounded by a hard kill. Timings asserted are the
+product's contract (`timeout_s` plus a margin for process start-up on a
+loaded 2-core machine), not performance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist import errors
+
+pytestmark = [pytest.mark.multiprocess]
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_script.py")
+TIMEOUT_S = 20.0
+# Detection runs every second; the margin covers scheduling on 2 busy cores.
+MARGIN_S = 10.0
+# Hard bound on any one job of this file (start-up is ~5 s per process).
+JOB_LIMIT_S = 150
+# Same examples and initial weights; only float32 summation order differs.
+FLOAT32_RTOL = 1e-5
+FLOAT32_ATOL = 1e-6
+
+
+def _env(tf_config: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(TF_NUM_INTEROP_THREADS="3", TF_NUM_INTRAOP_THREADS="1")
+    if tf_config is not None:
+        env["TF_CONFIG"] = tf_config
+    return env
+
+
+def _tf_config(addresses: list[str], index: int) -> str:
+    return json.dumps(
+        {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    )
+
+
+def _launch(out_dir: str, *launcher_args: str, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tfdist.launch", "--workers", "2", *launcher_args,
+         "--", sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
+        env=_env(), capture_output=True, text=True, timeout=JOB_LIMIT_S,
+    )
+
+
+def _weights(path: str) -> list[np.ndarray]:
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+class LostWorkerTest(tf.test.TestCase):
+    def test_survivor_raises_tfdist_error_naming_killed_worker_in_time(self):
+        out_dir = self.create_tempdir().full_path
+        addresses = list(tfdist.cluster.make_local_cluster(2).addresses("worker"))
+        procs = [
+            subprocess.Popen(
+                [sys.executable, SCRIPT, "kill", out_dir, str(TIMEOUT_S)],
+                env=_env(_tf_config(addresses, index)),
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            )
+            for index in range(2)
+        ]
+        try:
+            survivor_stderr = procs[0].communicate(timeout=JOB_LIMIT_S)[1]
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+        self.assertNotEqual(procs[0].returncode, 0, survivor_stderr[-3000:])
+        self.assertEqual(procs[1].returncode, -9)  # SIGKILL, by its own hand.
+        with open(os.path.join(out_dir, "worker:0.json")) as f:
+            record = json.load(f)
+        with open(os.path.join(out_dir, "killed_at")) as f:
+            killed_at = float(f.read())
+        self.assertTrue(record["is_tfdist"], record)
+        self.assertEqual(record["task"], "worker:1")
+        self.assertIn("task worker:1 is lost", record["message"])
+        self.assertLess(record["raised_at"] - killed_at, TIMEOUT_S + MARGIN_S)
+
+    def test_launcher_exits_non_zero_naming_the_killed_worker(self):
+        out_dir = self.create_tempdir().full_path
+        result = _launch(out_dir, mode="kill")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("worker:1", result.stderr)
+
+
+class RestartTest(tf.test.TestCase):
+    def test_restart_with_backup_and_restore_equals_uninterrupted_run(self):
+        out_dir = self.create_tempdir().full_path
+        result = _launch(out_dir, "--restarts", "1", mode="restart")
+        self.assertEqual(result.returncode, 0, result.stderr[-5000:])
+        self.assertTrue(os.path.exists(os.path.join(out_dir, "killed_at")))
+        reference_dir = self.create_tempdir().full_path
+        subprocess.run(
+            [sys.executable, SCRIPT, "reference", reference_dir],
+            env=_env(), check=True, capture_output=True, timeout=JOB_LIMIT_S,
+        )
+        restarted = _weights(os.path.join(out_dir, "weights.npz"))
+        uninterrupted = _weights(os.path.join(reference_dir, "weights.npz"))
+        for a, b in zip(restarted, uninterrupted):
+            self.assertAllClose(a, b, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+
+
+class StartUpTest(tf.test.TestCase):
+    def test_worker_never_started_raises_naming_it_within_timeout(self):
+        addresses = list(tfdist.cluster.make_local_cluster(2).addresses("worker"))
+        code = (
+            "import time, tfdist\n"
+            "start = time.time()\n"
+            "try:\n"
+            "    tfdist.MultiWorkerMirroredStrategy(timeout_s=8)\n"
+            "except tfdist.errors.WorkerUnavailableError as e:\n"
+            "    print('RESULT', e.task, round(time.time() - start, 1))\n"
+            "    print('MESSAGE', e)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=_env(_tf_config(addresses, 0)),
+            capture_output=True, text=True, timeout=JOB_LIMIT_S,
+        )
+        lines = dict(
+            line.split(" ", 1) for line in result.stdout.splitlines()
+            if line.startswith(("RESULT", "MESSAGE"))
+        )
+        self.assertIn("RESULT", lines, result.stderr[-3000:])
+        task, elapsed = lines["RESULT"].split()
+        self.assertEqual(task, "worker:1")
+        self.assertLess(float(elapsed), 8 + MARGIN_S)
+        self.assertIn("did not accept connections", lines["MESSAGE"])
+
+    def test_second_process_with_the_same_task_index_is_refused(self):
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            port = holder.getsockname()[1]
+            config = _tf_config([f"127.0.0.1:{port}", "127.0.0.1:1"], 0)
+            with self.assertRaisesRegex(
+                errors.ClusterConfigError, rf"worker:0's address 127.0.0.1:{port} is already in use"
+            ):
+                tfdist.MultiWorkerMirroredStrategy(config)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()

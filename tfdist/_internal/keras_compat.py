@@ -1,0 +1,90 @@
+"""tfdist's workarounds inside Keras 3 (the only module touching its internals).
+
+Checkpoints written by one task only. Keras 3's `BackupAndRestore` and
+`ModelCheckpoint` have no multi-worker handling: every worker writes the
+same files (two h5 writers on one path fail with "unable to lock file";
+on separate disks each worker keeps its own copy) and every worker deletes
+the backup at the end. tf-keras solves this with per-worker temporary
+directories (`distributed_file_utils`); `redirect_non_chief_checkpoints`
+does the same for Keras 3 on a non-chief task:
+
+- `_save_model` writes into a fresh temporary directory, which is deleted
+  right after (the weights are identical on every worker; the chief's
+  copy is the checkpoint);
+- `BackupAndRestore.on_train_end` leaves the chief's backup alone;
+- restoring (`on_train_begin`) still reads the chief's backup, so every
+  worker resumes from the same state.
+
+Verified against Keras 3.15 (`keras.src.callbacks`); the patched methods are
+private and may move.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["redirect_non_chief_checkpoints"]
+
+_PATCHED = "_tfdist_non_chief_task"
+
+
+def _into_temporary_dir(
+    attributes: tuple[str, ...], task_name: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Runs a save method with `attributes` (paths) moved to a temp dir."""
+
+    def decorate(save: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(save)
+        def save_elsewhere(self: Any, *args: Any, **kwargs: Any) -> Any:
+            originals = {name: getattr(self, name) for name in attributes}
+            scratch = tempfile.mkdtemp(prefix=f"tfdist-{task_name.replace(':', '-')}-")
+            try:
+                for name, path in originals.items():
+                    setattr(self, name, os.path.join(scratch, os.path.basename(str(path))))
+                if hasattr(self, "backup_dir"):
+                    originals.setdefault("backup_dir", self.backup_dir)
+                    self.backup_dir = scratch
+                return save(self, *args, **kwargs)
+            finally:
+                for name, path in originals.items():
+                    setattr(self, name, path)
+                shutil.rmtree(scratch, ignore_errors=True)
+
+        return save_elsewhere
+
+    return decorate
+
+
+def redirect_non_chief_checkpoints(task_name: str) -> bool:
+    """Makes Keras 3 checkpoint callbacks of this process write nowhere durable.
+
+    Call once, on a non-chief task of a multi-worker job, before `fit`.
+    Idempotent. Returns False (and changes nothing) when Keras 3 is not
+    installed; tf-keras handles multi-worker checkpoints itself.
+    """
+    try:
+        from keras.src.callbacks import backup_and_restore
+        from keras.src.callbacks import model_checkpoint
+    except ImportError:
+        return False
+    backup = backup_and_restore.BackupAndRestore
+    checkpoint = model_checkpoint.ModelCheckpoint
+    if getattr(backup, _PATCHED, None) is not None:
+        return True
+    backup._save_model = _into_temporary_dir(
+        ("_weights_path", "_training_metadata_path", "_prev_weights_path",
+         "_prev_training_metadata_path"),
+        task_name,
+    )(backup._save_model)
+    backup.on_train_end = lambda self, logs=None: None
+    checkpoint._save_model = _into_temporary_dir(("filepath",), task_name)(
+        checkpoint._save_model
+    )
+    setattr(backup, _PATCHED, task_name)
+    setattr(checkpoint, _PATCHED, task_name)
+    return True
