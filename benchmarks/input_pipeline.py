@@ -1,4 +1,4 @@
-"""Input throughput: tfdist.data.shard vs a plain shuffle+batch pipeline.
+"""Input throughput: tfdist.data.shard / split_batches vs plain tf.data pipelines.
 
     python benchmarks/input_pipeline.py [--num_elements=200000] [--feature_dim=32]
         [--global_batch_size=256] [--num_replicas=1] [--epochs=5] [--repeats=3]
@@ -15,7 +15,9 @@ batch); contenders alternate per repeat so background load hits both
 alike, and the median run counts. The one-time cost of building the sharded
 pipeline (materializing the data, tracing) is reported separately, and so is
 an unshuffled `batch(b)` pipeline: the ceiling for any pipeline over these
-arrays.
+arrays. Last, the path tfdist strategies take for a plain dataset:
+`split_batches` over `shuffle(N).batch(global_batch_size)`, against that
+global-batch pipeline alone (the overhead of splitting).
 
 Prints a markdown table row and the exact command.
 """
@@ -33,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.data import shard
+from tfdist.data import split_batches
 
 _NUM_ELEMENTS = flags.DEFINE_integer(
     "num_elements", 200_000, "Examples in the dataset.", lower_bound=1
@@ -94,7 +97,19 @@ def main(argv: Sequence[str]) -> None:
     )
     build_s = time.perf_counter() - build_start
 
-    contenders = {"plain": plain, "sharded": sharded, "unshuffled": unshuffled}
+    plain_global = (
+        source.shuffle(num_elements, seed=0)
+        .batch(_GLOBAL_BATCH_SIZE.value)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    split = split_batches(plain_global, tf.distribute.InputContext(1, 0, num_replicas))
+    contenders = {
+        "plain": plain,
+        "sharded": sharded,
+        "unshuffled": unshuffled,
+        "plain_global": plain_global,
+        "split": split,
+    }
     for dataset in contenders.values():  # Warm-up: one epoch each.
         _timed_run(dataset, 1)
     times: dict[str, list[float]] = {name: [] for name in contenders}
@@ -113,15 +128,16 @@ def main(argv: Sequence[str]) -> None:
     print(
         "| N | features | global batch | replicas | epochs | plain elem/s "
         "| sharded elem/s | sharded / plain | overhead | unshuffled elem/s "
-        "| shard() build s |"
+        "| shard() build s | split_batches elem/s | split / plain global |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(
         f"| {num_elements} | {_FEATURE_DIM.value} | "
         f"{_GLOBAL_BATCH_SIZE.value} | {num_replicas} | {_EPOCHS.value} | "
         f"{rate['plain']:,.0f} | {rate['sharded']:,.0f} | {ratio:.3f} | "
         f"{max(0.0, 1 - ratio):.1%} | {rate['unshuffled']:,.0f} | "
-        f"{build_s:.2f} |"
+        f"{build_s:.2f} | {rate['split']:,.0f} | "
+        f"{rate['split'] / rate['plain_global']:.3f} |"
     )
 
 

@@ -37,6 +37,9 @@ _SIMULATE_CPU_DEVICES = flags.DEFINE_integer(
 _ALL_REDUCE = flags.DEFINE_enum(
     "all_reduce", "auto", ["auto", "ring", "tree", "reduce_to_one"],
     "tfdist all-reduce algorithm (--strategy=mirrored).")
+_COMPRESSION = flags.DEFINE_enum(
+    "compression", None, ["fp16", "bf16"],
+    "Gradient wire format of tfdist strategies (default: float32).")
 _GLOBAL_BATCH_SIZE = flags.DEFINE_integer(
     "global_batch_size", 64, "Batch size summed over all replicas.", lower_bound=1)
 _EPOCHS = flags.DEFINE_integer("epochs", 8, "Training epochs.", lower_bound=1)
@@ -59,6 +62,7 @@ class TrainConfig:
     strategy: str = "mirrored"
     simulate_cpu_devices: int = 4
     all_reduce: str = "auto"
+    compression: str | None = None
     global_batch_size: int = 64
     epochs: int = 8
     steps: int | None = None
@@ -137,8 +141,10 @@ def make_strategy(config: TrainConfig):
                   "2-worker cluster on this machine run:\n  python -m "
                   "tfdist.launch --workers 2 -- python examples/digits.py "
                   "--strategy=multi_worker", flush=True)
-        return tfdist.MultiWorkerMirroredStrategy()  # tfdist: workers from TF_CONFIG.
-    return tfdist.MirroredStrategy(all_reduce=config.all_reduce)  # tfdist: all local devices.
+        # tfdist: workers from TF_CONFIG.
+        return tfdist.MultiWorkerMirroredStrategy(compression=config.compression)
+    # tfdist: all local devices.
+    return tfdist.MirroredStrategy(all_reduce=config.all_reduce, compression=config.compression)
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -179,6 +185,7 @@ def main(argv: Sequence[str]) -> None:
         strategy=_STRATEGY.value,
         simulate_cpu_devices=_SIMULATE_CPU_DEVICES.value,
         all_reduce=_ALL_REDUCE.value,
+        compression=_COMPRESSION.value,
         global_batch_size=_GLOBAL_BATCH_SIZE.value,
         epochs=_EPOCHS.value,
         steps=_STEPS.value,

@@ -42,7 +42,10 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertIn(f"replicas={replicas}", result.stdout)
 
     def test_multi_worker_runs_under_the_launcher(self):
-        result = _run(["--strategy=multi_worker"], launcher_args=["--workers", "2", "--timeout-s", "200"])
+        result = _run(
+            ["--strategy=multi_worker", "--compression=fp16"],
+            launcher_args=["--workers", "2", "--timeout-s", "200"],
+        )
         output = result.stdout + result.stderr
         self.assertEqual(result.returncode, 0, msg=output[-3000:])
         for task in ("worker:0", "worker:1"):

@@ -25,6 +25,11 @@ Why each import is needed:
   watchdog probes peers and aborts collectives as TF's own (disabled)
   health-check thread would.
 - `coordination_config_pb2.CoordinatedJob`: the job list of that config.
+- `cross_device_ops.CollectiveAllReduce` and its `CollectiveReplicaLauncher`:
+  tfdist's cross-worker all-reduce subclasses TF's multi-worker cross-device
+  ops (everything but gradient aggregation stays TF's) and launches its
+  cross-worker collectives through TF's launcher (group and instance keys,
+  ordering tokens, timeouts), the same engine MWMS uses.
 - `errors_impl._CODE_TO_EXCEPTION_CLASS` and
   `atomic_function.InterpolateRuntimeError.__exit__`: after the watchdog
   declares a peer lost, TF's UNAVAILABLE errors (the aborted collectives,
@@ -238,4 +243,35 @@ def raise_unavailable_errors_as(error_class: type[tf.errors.UnavailableError]) -
     """
     _errors_impl._CODE_TO_EXCEPTION_CLASS[tf.errors.UNAVAILABLE] = error_class
     _unavailable_error_class[:] = [error_class]
+
+
+#: TF's multi-worker cross-device ops (MultiWorkerMirroredStrategy's).
+CollectiveAllReduce = _cross_device_ops.CollectiveAllReduce
+
+
+def collective_all_reduce(ops: Any, tensor: tf.Tensor, options: Any) -> tf.Tensor:
+    """SUM of `tensor` over the group of `ops` (a one-device CollectiveAllReduce)."""
+    return ops._launchers[0].all_reduce(tensor, None, options)
+
+
+def collective_all_gather(ops: Any, tensor: tf.Tensor, options: Any) -> tf.Tensor:
+    """Concatenation along axis 0 of `tensor` from every member of `ops`' group."""
+    return ops._launchers[0]._all_gather(tensor, options)
+
+
+def replace_multi_worker_cross_device_ops(extended: Any, factory: Any) -> Any:
+    """Swaps MWMS's gradient cross-device ops for `factory(...)`'s result.
+
+    `factory(devices, num_workers, options, collective_keys)` gets what TF
+    built its own `CollectiveAllReduce` with; call right after the strategy
+    is constructed, before any value is reduced. Returns the new ops.
+    """
+    ops = factory(
+        list(extended.worker_devices),
+        extended._num_workers,
+        extended._communication_options,
+        extended._collective_keys,
+    )
+    extended._cross_device_ops = ops
+    return ops
 

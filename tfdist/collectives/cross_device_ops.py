@@ -191,11 +191,11 @@ class AllReduce(tf.distribute.CrossDeviceOps):
     def batch_reduce_implementation(
         self, reduce_op: Any, value_destination_pairs: Any, options: Any
     ) -> list[Any]:
-        reduce_op = _as_reduce_op(reduce_op)
+        reduce_op = as_reduce_op(reduce_op)
         pairs = list(value_destination_pairs)
         if not pairs:
             return []
-        devices = _common_all_reduce_devices(pairs)
+        devices = common_all_reduce_devices(pairs)
         if devices is None:
             return self._fallback.batch_reduce_implementation(
                 reduce_op, pairs, options
@@ -243,7 +243,7 @@ class AllReduce(tf.distribute.CrossDeviceOps):
                 if tensors[0].shape.is_fully_defined():
                     dense.append(k)
                 else:  # Dynamic shape: no packing; AddN takes any shape.
-                    results[k] = self._reduce_flat(
+                    results[k] = self.reduce_flat(
                         reduce_op, tensors, devices, algorithm="reduce_to_one"
                     )
                 per_value[k] = tensors
@@ -260,14 +260,14 @@ class AllReduce(tf.distribute.CrossDeviceOps):
                 _packing.pack(dense_by_device[d], bucket, device)
                 for d, device in enumerate(devices)
             ]
-            reduced = self._reduce_flat(reduce_op, flats, devices)
+            reduced = self.reduce_flat(reduce_op, flats, devices)
             for d, device in enumerate(devices):
                 pieces = _packing.unpack(reduced[d], bucket, device)
                 for k, piece in zip(members, pieces):
                     results[k][d] = piece
         return results
 
-    def _reduce_flat(
+    def reduce_flat(
         self,
         reduce_op: tf.distribute.ReduceOp,
         flats: list[tf.Tensor],
@@ -378,7 +378,7 @@ class AutoAllReduce(AllReduce):
         )
 
 
-def _as_reduce_op(reduce_op: Any) -> tf.distribute.ReduceOp:
+def as_reduce_op(reduce_op: Any) -> tf.distribute.ReduceOp:
     if isinstance(reduce_op, tf.distribute.ReduceOp):
         return reduce_op
     if isinstance(reduce_op, str) and reduce_op.upper() in ("SUM", "MEAN"):
@@ -389,7 +389,7 @@ def _as_reduce_op(reduce_op: Any) -> tf.distribute.ReduceOp:
     )
 
 
-def _common_all_reduce_devices(pairs: list[tuple[Any, Any]]) -> tuple[str, ...] | None:
+def common_all_reduce_devices(pairs: list[tuple[Any, Any]]) -> tuple[str, ...] | None:
     """The shared device list if every pair is an all-reduce over it."""
     devices = None
     for value, destinations in pairs:

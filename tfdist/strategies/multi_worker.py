@@ -32,10 +32,13 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import keras_compat
+from tfdist._internal import tf_private
 from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import parse_tf_config
 from tfdist.cluster import to_cluster_resolver
+from tfdist.collectives import cross_device_ops
+from tfdist.collectives import cross_worker
 from tfdist.data import options as data_options
 from tfdist.strategies import _input as input_lib
 from tfdist.strategies import peer_watchdog
@@ -52,8 +55,10 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     Every worker process runs the same script; each constructs this strategy
     (at the start of the program, before other TensorFlow work), builds the
     model under `scope()` and calls `model.fit`. Gradients are all-reduced
-    across all replicas of all workers with TensorFlow's collective ops over
-    gRPC.
+    across all replicas of all workers by `cross_worker.HierarchicalAllReduce`:
+    bucketed, summed locally with tfdist's algorithms, then across workers
+    with TensorFlow's collective ops over gRPC (optionally compressed), then
+    copied back to the local devices.
 
     Contract: construction blocks until every worker of the cluster has
     started its strategy, for at most `timeout_s`. After that, a watchdog
@@ -74,17 +79,24 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     Args:
       cluster: A `tfdist.cluster.ClusterConfig`, a TF_CONFIG JSON string or
         dict, or `None` to read the `TF_CONFIG` environment variable.
-      timeout_s: Bound on each cross-worker collective, seconds (> 0).
-      bucket_bytes: Pack gradients into collectives of about this many
-        bytes (>= 1), or `None` for TF's default.
+      all_reduce: tfdist's algorithm for the local stage on workers with
+        several devices ("auto", "ring", "tree", "reduce_to_one").
+      bucket_bytes: Byte cap of a gradient bucket (one cross-worker
+        collective each), >= 1, or `None` for one per gradient.
+      compression: `None`, "fp16" or "bf16": gradients cross workers in
+        that dtype and are summed in float32 (see
+        `tfdist/collectives/cross_worker.py`).
+      timeout_s: Bound on each cross-worker collective and on start-up,
+        seconds (> 0).
 
     Raises:
       ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, or this
         task's address is already in use (two processes with one index).
       WorkerUnavailableError: If the cluster does not start within
         `timeout_s`; names the tasks that do not accept connections.
-      ConfigError: For a non-positive `timeout_s` or `bucket_bytes`, or a
-        task type that does not train (ps, evaluator).
+      ConfigError: For a non-positive `timeout_s` or `bucket_bytes`, an
+        unknown `all_reduce` or `compression`, or a task type that does not
+        train (ps, evaluator).
 
     Example:
       >>> strategy = tfdist.MultiWorkerMirroredStrategy()  # from TF_CONFIG
@@ -98,15 +110,16 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         self,
         cluster: ClusterConfig | str | dict[str, Any] | None = None,
         *,
+        all_reduce: str = "auto",
+        bucket_bytes: int | None = cross_device_ops.DEFAULT_BUCKET_BYTES,
+        compression: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        bucket_bytes: int | None = None,
         shard_options: data_options.ShardOptions | None = None,
     ) -> None:
         # dict[str, Any]: TF_CONFIG is free-form JSON; parse_tf_config checks it.
         config = cluster if isinstance(cluster, ClusterConfig) else parse_tf_config(cluster)
         timeout = validation.check_positive_number("timeout_s", timeout_s)
-        if bucket_bytes is not None:
-            validation.check_positive_int("bucket_bytes", bucket_bytes)
+        cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
         input_lib.check_shard_options(shard_options)
         if config.task is not None and config.task.task_type not in ("chief", "worker"):
             raise errors.ConfigError(
@@ -139,6 +152,18 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             if not multi_task:
                 raise
             raise _start_up_error(config, timeout, e) from e
+        self._gradient_ops = tf_private.replace_multi_worker_cross_device_ops(
+            self.extended,
+            lambda devices, num_workers, tf_options, keys: cross_worker.HierarchicalAllReduce(
+                devices,
+                num_workers,
+                tf_options,
+                keys,
+                algorithm=all_reduce,
+                bucket_bytes=bucket_bytes,
+                compression=compression,
+            ),
+        )
         self._cluster_config = config
         self._watchdog: peer_watchdog.PeerWatchdog | None = None
         if multi_task and config.task is not None:
@@ -154,6 +179,11 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     def cluster_config(self) -> ClusterConfig:
         """The validated cluster this strategy runs on."""
         return self._cluster_config
+
+    @property
+    def cross_device_ops(self) -> cross_worker.HierarchicalAllReduce:
+        """The cross-device ops that reduce gradients across workers."""
+        return self._gradient_ops
 
     @property
     def timeout_s(self) -> float:
