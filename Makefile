@@ -51,6 +51,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/fit.py --workload=latency
 	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/multiworker.py
+	$(PY) benchmarks/cross_worker_latency.py
 
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs
 # `bazel --batch test //...` (no server left behind) with the venv's Python, and

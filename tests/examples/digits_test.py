@@ -51,6 +51,11 @@ class DigitsExampleTest(parameterized.TestCase):
         for task in ("worker:0", "worker:1"):
             self.assertRegex(output, rf"\[{task}\] test_accuracy=0\.\d{{4}}")
         self.assertIn("replicas=2", output)
+        # tfdist shards the dataset itself: TF's auto-shard warning ("AUTO
+        # sharding policy will apply DATA sharding policy ... unshardable
+        # source dataset") must not appear.
+        self.assertNotIn("sharding policy", output)
+        self.assertNotIn("unshardable", output)
 
     def test_bad_flag_fails_at_parse_time(self):
         result = _run(["--all_reduce=butterfly"])

@@ -21,11 +21,13 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.integration import fault_script
 from tfdist import errors
 
 pytestmark = [pytest.mark.multiprocess]
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_script.py")
+# Imported (not only run) so that Bazel ships it with this test.
+SCRIPT = os.path.abspath(fault_script.__file__)
 TIMEOUT_S = 20.0
 # Detection runs every second; the margin covers scheduling on 2 busy cores.
 MARGIN_S = 10.0

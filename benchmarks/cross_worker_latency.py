@@ -1,0 +1,73 @@
+"""What one cross-worker all-reduce costs on this machine, without Keras.
+
+    python benchmarks/cross_worker_latency.py [--calls=50]
+
+Two worker processes on 127.0.0.1 (`tfdist.testing.run_local_cluster`, one
+intra-op thread each) build `tfdist.MultiWorkerMirroredStrategy` and time a
+`tf.function` that all-reduces one float32 tensor across the workers
+(`ReplicaContext.all_reduce`, TF's collective ops over gRPC: the engine
+every multi-worker step uses), for sizes from 4 bytes to the 1.6 MB of
+gradients in `benchmarks/multiworker.py`. The 4-byte time is the floor any
+synchronous step pays; it bounds the scaling efficiency a model can reach:
+efficiency <= t1 / (t1 + 2 * floor) for a step that takes t1 on one worker
+and half of it on each of two.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+from absl import app
+from absl import flags
+
+from tfdist.testing import run_local_cluster
+
+_CALLS = flags.DEFINE_integer("calls", 50, "Timed all-reduces per size.", lower_bound=2)
+SIZES_BYTES = (4, 64 * 1024, 400 * 1024, 1600 * 1024)
+ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
+
+
+def all_reduce_ms(calls: int) -> dict[int, float]:
+    """Runs in each task: median ms per all-reduce, by message size."""
+    import tensorflow as tf
+
+    import tfdist
+
+    strategy = tfdist.MultiWorkerMirroredStrategy()
+    results = {}
+    for size in SIZES_BYTES:
+        value = tf.ones([size // 4], tf.float32)
+
+        @tf.function
+        def step(v):
+            return strategy.run(
+                lambda t: tf.distribute.get_replica_context().all_reduce("SUM", t),
+                args=(v,),
+            )
+
+        step(value)  # Trace and warm up.
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            strategy.experimental_local_results(step(value))[0].numpy()
+            times.append((time.perf_counter() - start) * 1000)
+        results[size] = statistics.median(times)
+    return results
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    per_task = run_local_cluster(
+        all_reduce_ms, num_workers=2, args=(_CALLS.value,), timeout_s=300, env=ENV
+    )
+    print("\n| bytes | ms per all-reduce (slower worker) | MB/s |")
+    print("|---|---|---|")
+    for size in SIZES_BYTES:
+        ms = max(task[size] for task in per_task)
+        print(f"| {size:,} | {ms:.2f} | {size / ms / 1000:.1f} |")
+
+
+if __name__ == "__main__":
+    app.run(main)
