@@ -11,6 +11,7 @@ from absl.testing import parameterized
 import pytest
 
 import tfdist
+from tfdist import launch  # noqa: F401 - run as `python -m tfdist.launch`; Bazel ships it
 
 pytestmark = pytest.mark.multiprocess
 

@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tfdist import launch  # noqa: F401 - run as `python -m tfdist.launch`; Bazel ships it
 from tests.integration import fault_script
 from tfdist import errors
 
