@@ -43,7 +43,10 @@ def all_reduce_ms(calls: int) -> dict[int, float]:
         @tf.function
         def step(v):
             return strategy.run(
-                lambda t: tf.distribute.get_replica_context().all_reduce("SUM", t),
+                # tf.identity places the value on the replica's device; the
+                # argument itself has none, and reductions need one.
+                lambda t: tf.distribute.get_replica_context().all_reduce(
+                    "SUM", tf.identity(t)),
                 args=(v,),
             )
 

@@ -24,6 +24,7 @@ __all__ = [
     "canonical_device",
     "local_devices",
     "resolve_local_devices",
+    "share_host_memory",
     "simulate_cpu_devices",
 ]
 
@@ -165,6 +166,20 @@ def resolve_local_devices(devices: Sequence[str] | None) -> tuple[str, ...]:
             "call tfdist.simulate_cpu_devices(n) before TensorFlow starts."
         )
     return tuple(names)
+
+
+def share_host_memory(devices: Sequence[str]) -> bool:
+    """Whether every device is a CPU of this process (one memory system).
+
+    Tensors pass between such devices by reference, and the devices share
+    the same cores and memory bus, so strategies over them can skip work
+    that only pays off between separate memories (per-device copies,
+    prefetching to devices).
+
+    Args:
+      devices: Canonical device names (as `resolve_local_devices` returns).
+    """
+    return all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices)
 
 
 def _canonical(name: str) -> str:

@@ -60,7 +60,6 @@ from tensorflow.python.ops import resource_variable_ops as _resource_variable_op
 __all__ = [
     "MirroredExtended",
     "destination_devices",
-    "has_per_replica",
     "is_distributed_value",
     "is_mirrored_variable",
     "make_local_counter",
@@ -104,14 +103,6 @@ def is_distributed_value(value: Any) -> bool:
 def is_mirrored_variable(value: Any) -> bool:
     """True for a MirroredVariable (one identical copy per device)."""
     return isinstance(value, _values.MirroredVariable)
-
-
-def has_per_replica(structure: Any) -> bool:
-    """True if any leaf of `structure` differs per replica (PerReplica)."""
-    return any(
-        isinstance(leaf, _values.PerReplica)
-        for leaf in tf.nest.flatten(structure, expand_composites=False)
-    )
 
 
 def select_replica(replica_index: int, structure: Any) -> Any:

@@ -28,6 +28,18 @@ copies of very different cost (logical CPUs share one memory bus and
 caches: time per byte at 4 MiB and at 64 MiB differ by 2x there), and
 reduce to the textbook model where links are real. `AlphaBeta` constants can also be given directly, which keeps tests
 deterministic and lets a cluster ship measured numbers.
+
+Packing. Bucketing k gradients into one buffer saves k-1 collectives (their
+alpha terms) but costs a concat on every device and a split after, which
+the model prices as its own `pack` constants (T_pack = alpha + S * beta,
+calibrated like the algorithms). `should_pack` compares
+
+    packed:    T_pack(S) + T_best(S)             S = sum of the k sizes
+    separate:  sum_i T_best(S_i)
+
+Between GPUs (or processes) alpha dominates and packing wins; between
+logical CPUs of one process alpha is a few microseconds while a concat
+moves every byte through the shared memory bus again, so it does not.
 """
 
 from __future__ import annotations
@@ -35,7 +47,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from tfdist import errors
 
@@ -144,17 +157,31 @@ class CostModel:
       'ring'
     """
 
-    def __init__(self, constants: Mapping[str, AlphaBeta] | None = None) -> None:
+    def __init__(
+        self,
+        constants: Mapping[str, AlphaBeta] | None = None,
+        *,
+        pack: AlphaBeta | None = None,
+    ) -> None:
         """Creates a model from known constants, or an uncalibrated one.
 
         Args:
           constants: `AlphaBeta` per algorithm name ("ring", "tree",
             "reduce_to_one"); algorithms left out are never chosen. `None`
             means: measure on first use (`calibrate`).
+          pack: Cost of packing a bucket (see the module docstring). With
+            given `constants`, `None` means free packing (buckets always
+            pay); with `constants=None` it is calibrated too.
 
         Raises:
           ConfigError: If a key is not an algorithm name.
+          TypeError: If `pack` is not an `AlphaBeta`.
         """
+        if pack is not None and not isinstance(pack, AlphaBeta):
+            raise TypeError(
+                f"pack must be an AlphaBeta or None; received pack={pack!r}."
+            )
+        self._fixed_pack = pack
         self._fixed = dict(constants) if constants is not None else None
         if self._fixed is not None:
             for name in self._fixed:
@@ -187,6 +214,7 @@ class CostModel:
         return {
             name: _segment_for(segments, num_bytes)
             for name, segments in self._calibrated[key].items()
+            if name != _PACK
         }
 
     def choose(
@@ -205,17 +233,66 @@ class CostModel:
           devices: The devices, needed only when the model calibrates.
           reduce_only: Only the first device's result is used.
         """
-        constants = self.constants_for(devices or (), num_bytes)
-        return min(
-            constants,
-            key=lambda name: predicted_time_s(
-                name,
-                num_devices,
-                num_bytes,
-                constants[name],
-                reduce_only=reduce_only,
-            ),
+        return self._best(num_devices, num_bytes, devices, reduce_only)[0]
+
+    def pack_constants_for(
+        self, devices: Sequence[str], num_bytes: int = 0
+    ) -> AlphaBeta:
+        """The cost of packing a `num_bytes` bucket on `devices`."""
+        if self._fixed is not None or self._fixed_pack is not None:
+            return self._fixed_pack or AlphaBeta(0.0, 0.0)
+        self.constants_for(devices, num_bytes)  # Calibrates if needed.
+        return _segment_for(self._calibrated[tuple(devices)][_PACK], num_bytes)
+
+    def should_pack(
+        self,
+        *,
+        num_devices: int,
+        member_bytes: Sequence[int],
+        devices: Sequence[str] | None = None,
+        reduce_only: bool = False,
+    ) -> bool:
+        """Whether one collective over a packed bucket beats one per member.
+
+        Args:
+          num_devices: Devices taking part.
+          member_bytes: Bytes per device of each tensor in the bucket.
+          devices: The devices, needed only when the model calibrates.
+          reduce_only: Only the first device's result is used.
+
+        Returns:
+          True when the predicted packed time (pack cost plus the best
+          algorithm on the sum) is at most the sum of the members' best
+          times; ties pack.
+        """
+        total = sum(member_bytes)
+        pack = self.pack_constants_for(devices or (), total)
+        packed = pack.alpha_s + total * pack.beta_s_per_byte + self._best(
+            num_devices, total, devices, reduce_only
+        )[1]
+        separate = sum(
+            self._best(num_devices, size, devices, reduce_only)[1]
+            for size in member_bytes
         )
+        return packed <= separate
+
+    def _best(
+        self,
+        num_devices: int,
+        num_bytes: int,
+        devices: Sequence[str] | None,
+        reduce_only: bool,
+    ) -> tuple[str, float]:
+        """(algorithm, predicted seconds) of the fastest algorithm."""
+        constants = self.constants_for(devices or (), num_bytes)
+        times = {
+            name: predicted_time_s(
+                name, num_devices, num_bytes, constants[name], reduce_only=reduce_only
+            )
+            for name in constants
+        }
+        best = min(times, key=times.__getitem__)
+        return best, times[best]
 
 
 _DEFAULT_MODEL: CostModel | None = None
@@ -242,16 +319,23 @@ CALIBRATION_SIZES_BYTES = (64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 #: Each size is timed this many times and the fastest run kept: the minimum
 #: is the estimate least disturbed by other work on the machine.
 _CALIBRATION_REPEATS = 5
+#: Key of the packing constants among the calibrated segments.
+_PACK = "pack"
+#: Tensors per bucket when timing packing.
+_PACK_PIECES = 8
 
 
 def calibrate(devices: Sequence[str]) -> dict[str, tuple[AlphaBeta, ...]]:
     """Measures every algorithm on `devices` and fits its alpha and beta.
 
     Runs eagerly (lifted out of any enclosing `tf.function` trace), takes
-    a few seconds, and must be called where all `devices` are local.
+    a few seconds, and must be called where all `devices` are local. The
+    cost of calling a function with the same inputs and outputs is timed
+    too and subtracted: it is paid once per step, not per collective.
 
     Returns:
-      Per algorithm name, one `AlphaBeta` per pair of adjacent
+      Per algorithm name, and for "pack" (a concat of 8 pieces on every
+      device), one `AlphaBeta` per pair of adjacent
       `CALIBRATION_SIZES_BYTES` (the first also covers smaller messages,
       the last larger ones).
     """
@@ -260,29 +344,50 @@ def calibrate(devices: Sequence[str]) -> dict[str, tuple[AlphaBeta, ...]]:
     from tfdist.collectives import _algorithms
 
     n = len(devices)
+
+    def pack(xs):  # type: ignore[no-untyped-def]
+        # A bucket of _PACK_PIECES tensors per device, concatenated. (The
+        # split after is a view of the buffer when pieces are aligned.)
+        outputs = []
+        for pieces, device in zip(xs, devices):
+            with tf.device(device):
+                outputs.append(tf.concat(pieces, axis=0))
+        return outputs
+
+    def pass_through(xs):  # type: ignore[no-untyped-def]
+        # Same inputs and outputs, no work: the cost of calling a function
+        # over n devices, which is not part of any algorithm's time.
+        outputs = []
+        for x, device in zip(xs, devices):
+            with tf.device(device):
+                outputs.append(tf.identity(x[0] if isinstance(x, list) else x))
+        return outputs
+
+    def run_algorithm(name: str) -> Callable[[Any], Any]:
+        algorithm = _algorithms.ALGORITHMS[name]
+        return lambda xs: algorithm(xs, devices, None)
+
+    contenders = {name: run_algorithm(name) for name in _algorithms.ALGORITHMS}
+    contenders[_PACK] = pack
     result: dict[str, tuple[AlphaBeta, ...]] = {}
     with tf.init_scope():
-        for name, algorithm in _algorithms.ALGORITHMS.items():
-            timings = []
-            for num_bytes in CALIBRATION_SIZES_BYTES:
-                length = num_bytes // 4
-                inputs = []
-                for device in devices:
-                    with tf.device(device):
-                        inputs.append(tf.ones([length], tf.float32))
-
-                @tf.function
-                def run(xs, algorithm=algorithm):  # type: ignore[no-untyped-def]
-                    return algorithm(xs, devices, None)
-
-                run(inputs)  # Trace and warm up.
-                fastest = float("inf")
-                for _ in range(_CALIBRATION_REPEATS):
-                    start = time.perf_counter()
-                    outputs = run(inputs)
-                    outputs[-1].numpy()  # Wait for the last device's result.
-                    fastest = min(fastest, time.perf_counter() - start)
-                timings.append(fastest)
+        call_cost = {
+            (num_bytes, packed): _fastest_s(
+                pass_through, _inputs(devices, num_bytes, packed=packed)
+            )
+            for num_bytes in CALIBRATION_SIZES_BYTES
+            for packed in (False, True)
+        }
+        for name, body in contenders.items():
+            packed = name == _PACK
+            timings = [
+                max(
+                    _fastest_s(body, _inputs(devices, num_bytes, packed=packed))
+                    - call_cost[num_bytes, packed],
+                    0.0,
+                )
+                for num_bytes in CALIBRATION_SIZES_BYTES
+            ]
             result[name] = tuple(
                 _fit(
                     name,
@@ -293,6 +398,37 @@ def calibrate(devices: Sequence[str]) -> dict[str, tuple[AlphaBeta, ...]]:
                 for i in range(len(timings) - 1)
             )
     return result
+
+
+def _inputs(devices: Sequence[str], num_bytes: int, *, packed: bool) -> list:  # type: ignore[type-arg]
+    """One float32 message of `num_bytes` per device (in pieces if packed)."""
+    import tensorflow as tf
+
+    length = num_bytes // 4
+    inputs = []
+    for device in devices:
+        with tf.device(device):
+            if packed:
+                piece = tf.ones([length // _PACK_PIECES], tf.float32)
+                inputs.append([piece] * _PACK_PIECES)
+            else:
+                inputs.append(tf.ones([length], tf.float32))
+    return inputs
+
+
+def _fastest_s(body, inputs) -> float:  # type: ignore[no-untyped-def]
+    """Fastest of `_CALIBRATION_REPEATS` timed calls of `tf.function(body)`."""
+    import tensorflow as tf
+
+    run = tf.function(body)
+    run(inputs)  # Trace and warm up.
+    fastest = float("inf")
+    for _ in range(_CALIBRATION_REPEATS):
+        start = time.perf_counter()
+        outputs = run(inputs)
+        outputs[-1].numpy()  # Wait for the last device's result.
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest
 
 
 def _segment_for(segments: Sequence[AlphaBeta], num_bytes: int) -> AlphaBeta:
@@ -311,8 +447,11 @@ def _fit(
 ) -> AlphaBeta:
     """Solves T = steps*alpha + factor*S*beta from two (size, time) points."""
     (small, large), (t_small, t_large) = sizes, timings
-    factor = byte_factor(algorithm, num_devices)
-    steps = step_count(algorithm, num_devices)
+    if algorithm == _PACK:
+        factor, steps = 1.0, 1
+    else:
+        factor = byte_factor(algorithm, num_devices)
+        steps = step_count(algorithm, num_devices)
     if factor == 0 or steps == 0:
         return AlphaBeta(0.0, 0.0)
     beta = max(t_large - t_small, 0.0) / (factor * (large - small))

@@ -6,6 +6,8 @@ gradients that way). That call:
 
     split the values into dense tensors and IndexedSlices
     dense:  plan buckets of <= bucket_bytes per dtype          (_packing)
+            "auto" only: if the cost model says packing costs more than
+                the collectives it saves, reduce each member alone
             per bucket: pack on every device (one concat),
                         choose the algorithm (fixed, or the cost model),
                         all-reduce the flat buffers            (_algorithms)
@@ -256,6 +258,12 @@ class AllReduce(tf.distribute.CrossDeviceOps):
                 for k in members:
                     results[k] = [tf.identity(t) for t in per_value[k]]
                 continue
+            if not self._packing_pays(bucket, devices):
+                for k in members:
+                    results[k] = self._reduce_unpacked(
+                        reduce_op, per_value[k], devices
+                    )
+                continue
             flats = [
                 _packing.pack(dense_by_device[d], bucket, device)
                 for d, device in enumerate(devices)
@@ -266,6 +274,36 @@ class AllReduce(tf.distribute.CrossDeviceOps):
                 for k, piece in zip(members, pieces):
                     results[k][d] = piece
         return results
+
+    def _packing_pays(self, bucket: _packing.Bucket, devices: Sequence[str]) -> bool:
+        """Fixed algorithms always pack; "auto" asks the cost model."""
+        if self._algorithm != "auto" or len(bucket.indices) == 1 or len(devices) == 1:
+            return True
+        return self._cost_model.should_pack(
+            num_devices=len(devices),
+            member_bytes=[size * bucket.dtype.size for size in bucket.sizes],
+            devices=devices,
+            reduce_only=self._reduce_only,
+        )
+
+    def _reduce_unpacked(
+        self,
+        reduce_op: tf.distribute.ReduceOp,
+        tensors: list[tf.Tensor],
+        devices: Sequence[str],
+    ) -> list[tf.Tensor]:
+        """One collective for one tensor: reshaped to 1-D, not copied."""
+        shape = tensors[0].shape
+        flats = []
+        for tensor, device in zip(tensors, devices):
+            with tf.device(device):
+                flats.append(tf.reshape(tensor, [-1]))
+        reduced = self.reduce_flat(reduce_op, flats, devices)
+        outputs = []
+        for tensor, device in zip(reduced, devices):
+            with tf.device(device):
+                outputs.append(tf.reshape(tensor, shape))
+        return outputs
 
     def reduce_flat(
         self,

@@ -96,31 +96,45 @@ def split_batches(
                 "Call dataset.batch(global_batch_size) first."
             )
 
-    @tf.autograph.experimental.do_not_convert
-    def replica_slices(*components: Nested) -> tf.data.Dataset:
-        batch = components[0] if len(components) == 1 else components
+    local_replicas = num_replicas // num_pipelines
+
+    def replica_slice(batch: Nested, local_replica: tf.Tensor | int) -> Nested:
         rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
         quotient = rows // num_replicas
         extra = rows % num_replicas
+        index = local_replica * num_pipelines + pipeline_id
+        start = index * quotient + tf.minimum(tf.cast(index, tf.int64), extra)
+        size = quotient + tf.cast(index < extra, tf.int64)
+        part = tf.nest.map_structure(lambda t: t[start : start + size], batch)
+        if not _weights.is_keras_tuple(part):
+            return part
 
-        @tf.autograph.experimental.do_not_convert
-        def one_slice(local_replica: tf.Tensor) -> Nested:
-            index = local_replica * num_pipelines + pipeline_id
-            start = index * quotient + tf.minimum(index, extra)
-            size = quotient + tf.cast(index < extra, tf.int64)
-            part = tf.nest.map_structure(lambda t: t[start : start + size], batch)
-            if not _weights.is_keras_tuple(part):
-                return part
+        def factors(dtype: tf.DType) -> tf.Tensor:
+            if not weight_uneven:
+                return tf.ones([size], dtype)
+            return tf.fill([size], _weights.ratio(num_replicas * size, rows, dtype))
 
-            def factors(dtype: tf.DType) -> tf.Tensor:
-                if not weight_uneven:
-                    return tf.ones([size], dtype)
-                return tf.fill(
-                    [size], _weights.ratio(num_replicas * size, rows, dtype)
-                )
+        return _weights.with_row_weights(part, factors)
 
-            return _weights.with_row_weights(part, factors)
+    def as_batch(components: tuple[Nested, ...]) -> Nested:
+        return components[0] if len(components) == 1 else components
 
-        return tf.data.Dataset.range(num_replicas // num_pipelines).map(one_slice)
+    if local_replicas == 1:
+        # One replica per pipeline (e.g. one pipeline per host-memory
+        # device): a plain map, no per-batch dataset.
+        return dataset.map(
+            tf.autograph.experimental.do_not_convert(
+                lambda *components: replica_slice(as_batch(components), 0)
+            )
+        ).prefetch(tf.data.AUTOTUNE)
+
+    @tf.autograph.experimental.do_not_convert
+    def replica_slices(*components: Nested) -> tf.data.Dataset:
+        batch = as_batch(components)
+        return tf.data.Dataset.range(local_replicas).map(
+            tf.autograph.experimental.do_not_convert(
+                lambda local_replica: replica_slice(batch, local_replica)
+            )
+        )
 
     return dataset.flat_map(replica_slices).prefetch(tf.data.AUTOTUNE)

@@ -40,8 +40,17 @@ def distribute_dataset(
     dataset: tf.data.Dataset,
     shard_options: options_lib.ShardOptions | None,
     input_options: Any,
+    *,
+    one_pipeline_per_replica: bool = False,
 ) -> Any:
     """Returns `strategy`'s distributed dataset for the batched `dataset`.
+
+    With `one_pipeline_per_replica` (for replicas on host-memory devices of
+    one process; `tf.distribute.MirroredStrategy` only) and no
+    `input_options` of the caller's, every replica gets its own input
+    pipeline that stays on the host, read by a plain iterator: TF's default
+    prefetches each batch to each device through a `MultiDeviceIterator`,
+    which on host memory only adds a function call per replica and step.
 
     Raises:
       ConfigError: If the global batch size does not divide by
@@ -62,6 +71,13 @@ def distribute_dataset(
                 unbatched, context, global_batch_size=global_batch_size
             )
 
+    if input_options is None and one_pipeline_per_replica:
+        input_options = tf.distribute.InputOptions(
+            experimental_replication_mode=(
+                tf.distribute.InputReplicationMode.PER_REPLICA
+            ),
+            experimental_fetch_to_device=False,
+        )
     return strategy.distribute_datasets_from_function(dataset_fn, input_options)
 
 

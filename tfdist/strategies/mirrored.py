@@ -12,24 +12,33 @@ rebatching (`tfdist/strategies/_input.py`): a last partial batch trains
 exactly as on one device. It also checks the one thing TF leaves to a late
 shape error: a global batch that `num_replicas_in_sync` does not divide.
 
-Updates on host memory. When every replica device is a CPU of this
-process, the devices share one memory system and the same cores, so
-computing the same variable update once per device only multiplies memory
-traffic. There the strategy applies each update once and copies the result:
+Host memory. When every replica device is a CPU of this process, the
+devices share one memory system and the same cores, so computing the same
+update once per device, and prefetching every batch to every device, only
+multiply memory traffic and ops. There the strategy:
 
-    update(var, fn, args):                 # var mirrored, args identical
-        fn(var.component[0], args)         # on device 0 (optimizer step)
-        value = read(var.component[0])
-        for each other device d:
-            var.component[d].assign(value)
+- applies each variable update once (`update_once_on_host`, the default)
+  and copies the result to the other devices:
 
-The copies are bit-identical to computing the update on every device (same
-`fn`, same inputs), so the model is unchanged. Only the first device's
-reduced gradient is consumed, so the rest of the all-reduce's broadcast is
-pruned from the graph. Optimizer slots are read and written only through
-the first device's copy. Updates whose arguments differ per replica, and
-variables that are not mirrored (e.g. sync-on-read metrics), take TF's
-per-device path.
+      update(var, fn, args):             # Keras: args = all-reduced grads
+          fn(var.component[0], args[replica 0])  # on device 0
+          value = read(var.component[0])
+          for each other device d:
+              var.component[d].assign(value)
+
+  so only the first device's all-reduce result is consumed and the rest
+  of the broadcast is pruned from the graph, and optimizer slots are read
+  and written only through the first device's copy;
+- gives every replica its own input pipeline, read on the host by a plain
+  iterator (no `MultiDeviceIterator`; `tfdist/strategies/_input.py`).
+
+TF's own update runs `fn` on every device with that device's arguments.
+Keras passes the all-reduced gradients (equal on every replica) as per-
+replica values, so both give the same, bit-identical weights. Arguments
+that really differ per replica (an update without an all-reduce) would
+make TF's copies of a mirrored variable diverge; here every copy takes the
+first replica's update. Variables that are not mirrored (sync-on-read,
+e.g. metric accumulators) take TF's per-device path.
 """
 
 from __future__ import annotations
@@ -74,9 +83,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         (sums stay in float32).
       cost_model: A `tfdist.collectives.CostModel` for "auto"; by default it
         is calibrated on `devices` at the first step.
-      update_once_on_host: Apply each variable update once and copy it to
-        the other devices (see the module docstring). `None`: only when
-        every device is a CPU of this process.
+      update_once_on_host: Apply each variable update once (see the module
+        docstring; on host memory the replicas also share one buffer per
+        variable). `None`: only when every device is a CPU of this process.
       shard_options: `None` to split each batch of a plain dataset over the
         replicas (`tfdist.data.split_batches`), or a
         `tfdist.data.ShardOptions` to shard it with `tfdist.data.shard`.
@@ -117,10 +126,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
         input_lib.check_shard_options(shard_options)
         resolved = devices_lib.resolve_local_devices(devices)
+        host_memory = devices_lib.share_host_memory(resolved)
         if update_once_on_host is None:
-            update_once_on_host = len(resolved) > 1 and all(
-                tf.DeviceSpec.from_string(d).device_type == "CPU" for d in resolved
-            )
+            update_once_on_host = len(resolved) > 1 and host_memory
         all_reduce_op = cross_device_ops.AllReduce(
             all_reduce,
             bucket_bytes=bucket_bytes,
@@ -140,6 +148,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         self._all_reduce_op = all_reduce_op
         self._update_once_on_host = update_once_on_host
         self._shard_options = shard_options
+        self._host_memory = host_memory
 
     @property
     def cross_device_ops(self) -> cross_device_ops.AllReduce:
@@ -173,12 +182,16 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
             AddN shape error).
         """
         return input_lib.distribute_dataset(
-            self, dataset, self._shard_options, options
+            self,
+            dataset,
+            self._shard_options,
+            options,
+            one_pipeline_per_replica=self._host_memory,
         )
 
 
 class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
-    """TF's MirroredExtended with the update-once path for host memory."""
+    """TF's MirroredExtended with the host-memory paths of the module docstring."""
 
     def __init__(
         self,
@@ -195,12 +208,9 @@ class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
 
     def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
         # Private TF hook behind StrategyExtended.update (Keras's optimizer
-        # applies every gradient through it).
-        if not (
-            self._update_once
-            and tf_private.is_mirrored_variable(var)
-            and not tf_private.has_per_replica((args, kwargs))
-        ):
+        # applies every gradient through it, with the all-reduced gradient
+        # as a PerReplica value: identical on every replica).
+        if not (self._update_once and tf_private.is_mirrored_variable(var)):
             return super()._update(var, fn, args, kwargs, group)
         components = var.values
         primary = components[0]

@@ -83,17 +83,52 @@ class UpdateOnceTest(tf.test.TestCase):
 
     def test_every_device_copy_equals_the_first_after_fit(self):
         model = _fit(tfdist.MirroredStrategy(DEVICES, update_once_on_host=True))
-        strategy = model.distribute_strategy
         for variable in model.trainable_variables:
-            # Keras 3 wraps the tf.Variable (property `.value`); tf-keras's
-            # variable is the tf.Variable (`.value` is a method).
-            mirrored = variable if callable(variable.value) else variable.value
-            components = [
-                c.numpy() for c in strategy.experimental_local_results(mirrored)
-            ]
+            components = _components(model, variable)
             self.assertLen(components, 4)
             for component in components[1:]:
                 self.assertAllEqual(component, components[0])
+
+    def test_update_once_updates_optimizer_slots_only_on_the_first_device(self):
+        # Keras passes all-reduced gradients to the update as per-replica
+        # values; this proves they are applied once (on the first device's
+        # copy of every Adam slot), not once per device.
+        model = _fit(tfdist.MirroredStrategy(DEVICES, update_once_on_host=True))
+        slots = _first_moments(model.optimizer)
+        self.assertNotEmpty(slots)
+        for slot in slots:
+            first, *others = _components(model, slot)
+            self.assertGreater(np.abs(first).max(), 0.0)
+            for other in others:
+                self.assertAllEqual(other, np.zeros_like(first))
+
+    def test_per_device_updates_without_update_once(self):
+        model = _fit(tfdist.MirroredStrategy(DEVICES, update_once_on_host=False))
+        slots = _first_moments(model.optimizer)
+        self.assertNotEmpty(slots)
+        for slot in slots:
+            first, *others = _components(model, slot)
+            for other in others:
+                self.assertAllEqual(other, first)
+
+
+def _first_moments(optimizer):
+    """Adam's first-moment slots (Keras 3: ".../kernel_momentum"; tf-keras:
+    "Adam/m/...")."""
+    return [
+        v for v in optimizer.variables
+        if "momentum" in getattr(v, "path", "") or "/m/" in v.name
+    ]
+
+
+def _components(model, variable):
+    """Per-device values of a Keras 3 or tf-keras model/optimizer variable."""
+    # Keras 3 wraps the tf.Variable (property `.value`); tf-keras's variable
+    # is the tf.Variable (`.value` is a method).
+    mirrored = variable if callable(variable.value) else variable.value
+    return [
+        c.numpy() for c in model.distribute_strategy.experimental_local_results(mirrored)
+    ]
 
 
 if __name__ == "__main__":
