@@ -107,6 +107,39 @@ class AllReduceSumTest(tf.test.TestCase, parameterized.TestCase):
             self.assertAllClose(local, base * (n * (n + 1) // 2), rtol=1e-6)
 
     @parameterized.named_parameters(
+        {"testcase_name": "packing_pays", "pack_beta": 0.0, "concats": 4},
+        {"testcase_name": "packing_costs_more", "pack_beta": 1e-6, "concats": 0},
+    )
+    def test_auto_packs_a_bucket_only_when_the_cost_model_says_it_pays(
+        self, pack_beta, concats
+    ):
+        strategy = _strategy(4)
+        links = {
+            name: collectives.AlphaBeta(alpha_s=1e-6, beta_s_per_byte=1e-10)
+            for name in ("ring", "tree", "reduce_to_one")
+        }
+        model = collectives.CostModel(
+            links, pack=collectives.AlphaBeta(alpha_s=0.0, beta_s_per_byte=pack_beta)
+        )
+        ops = collectives.AllReduce("auto", cost_model=model)
+        bases = [np.arange(6, dtype=np.float32), np.ones((2, 3), np.float32)]
+
+        @tf.function
+        def reduce():
+            values = [_per_replica(strategy, b) for b in bases]
+            return ops.batch_reduce(
+                tf.distribute.ReduceOp.SUM, [(v, v) for v in values]
+            )
+
+        graph = reduce.get_concrete_function().graph
+        self.assertLen(
+            [op for op in graph.get_operations() if op.type == "ConcatV2"], concats
+        )
+        for base, result in zip(bases, reduce()):
+            for local in _locals(strategy, result):
+                self.assertAllEqual(local, base * 10)
+
+    @parameterized.named_parameters(
         {"testcase_name": a, "algorithm": a} for a in ALGORITHMS
     )
     def test_mixed_dtypes_in_one_batch_keep_their_dtypes(self, algorithm):

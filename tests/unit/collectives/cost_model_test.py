@@ -95,6 +95,37 @@ class ChooseTest(parameterized.TestCase):
         self.assertEqual(ops.choose_algorithm(["/cpu:0", "/cpu:1"], 1 << 20), "tree")
 
 
+class PackingTest(parameterized.TestCase):
+
+    def test_free_packing_always_pays(self):
+        model = cost_model.CostModel(EQUAL_LINKS)
+        self.assertTrue(
+            model.should_pack(num_devices=4, member_bytes=[4 << 20, 1 << 20, 40])
+        )
+
+    def test_packing_that_costs_more_than_the_saved_latency_does_not_pay(self):
+        # Saving 2 collectives saves 2 * 2 * alpha (reduce_to_one, 2 steps)
+        # = 0.4 ms; copying 5 MiB at 1 ns/byte costs ~5 ms.
+        model = cost_model.CostModel(
+            EQUAL_LINKS, pack=cost_model.AlphaBeta(alpha_s=0.0, beta_s_per_byte=1e-9)
+        )
+        self.assertFalse(
+            model.should_pack(num_devices=4, member_bytes=[4 << 20, 1 << 20, 40])
+        )
+
+    def test_packing_small_tensors_pays_when_latency_dominates(self):
+        model = cost_model.CostModel(
+            EQUAL_LINKS, pack=cost_model.AlphaBeta(alpha_s=0.0, beta_s_per_byte=1e-9)
+        )
+        self.assertTrue(
+            model.should_pack(num_devices=4, member_bytes=[64, 128, 40])
+        )
+
+    def test_pack_must_be_alpha_beta(self):
+        with self.assertRaisesRegex(TypeError, "pack=0.5"):
+            cost_model.CostModel(EQUAL_LINKS, pack=0.5)
+
+
 class CalibrationTest(tf.test.TestCase):
 
     def test_calibration_measures_finite_non_negative_constants_once(self):
@@ -112,6 +143,11 @@ class CalibrationTest(tf.test.TestCase):
         )
         # Cached: a second call reuses the measurement instead of re-timing.
         self.assertEqual(model.constants_for(devices), first)
+        # Packing (a concat per device) is measured too; copying 16 MiB
+        # takes some time per byte on any machine.
+        pack = model.pack_constants_for(devices, 16 << 20)
+        self.assertGreaterEqual(pack.alpha_s, 0.0)
+        self.assertGreater(pack.beta_s_per_byte, 0.0)
 
     def test_calibrated_constants_depend_on_the_message_size_range(self):
         devices = ["/device:CPU:0", "/device:CPU:1"]
