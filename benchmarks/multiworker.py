@@ -1,25 +1,38 @@
 """Multi-worker scaling: 2 workers vs 1, and tfdist vs TF's MultiWorkerMirroredStrategy.
 
-    python benchmarks/multiworker.py [--steps=30] [--repeats=2]
+    python benchmarks/multiworker.py [--workload=comm_bound|compute_bound] [--rounds=3]
 
 Every task is a process on 127.0.0.1 (`tfdist.testing.run_local_cluster`)
-with one intra-op thread, so each worker uses one of the 2 cores. Same
-model and global batch everywhere:
+with one intra-op thread and **pinned to one core** (task i to core i), so
+"one worker" means one core's worth of compute and the 2-worker runs get
+two: without pinning, one worker's inter-op and tf.data threads already
+spread over both cores of this machine and there is nothing left to scale
+onto. Same model and global batch everywhere:
 
 - 1 worker, no strategy: throughput_1;
-- 2 workers, tfdist.MultiWorkerMirroredStrategy: throughput_2 (gradients
-  in 4 MiB buckets), and the same with compression="fp16";
+- 2 workers, tfdist.MultiWorkerMirroredStrategy: throughput_2 (gradients in
+  4 MiB buckets), and the same with compression="fp16";
 - 2 workers, tf.distribute.MultiWorkerMirroredStrategy.
 
-Scaling efficiency = throughput_2 / (2 * throughput_1). All runs use
-tf-keras (TF_USE_LEGACY_KERAS=1): TF's own MultiWorkerMirroredStrategy
-fails under Keras 3's `fit` (two Keras 3 bugs tfdist works around), so
-tf-keras is the only front end where the baseline runs unmodified. Runs are
-alternated per repeat; medians are reported.
+Throughput comes from the steady-state step time (median step of a `fit`,
+first steps left out). Scaling efficiency = throughput_2 / (2 *
+throughput_1). Workloads (MLP 256->512->512->10, 0.4 M parameters, 1.6 MB
+of float32 gradients per step):
+
+- comm_bound: global batch 256 (the issue's setting: ~14 ms of compute per
+  step on one core, so per-step communication dominates);
+- compute_bound: global batch 4096 (~160 ms of compute per step).
+
+All runs use tf-keras (TF_USE_LEGACY_KERAS=1): TF's own
+MultiWorkerMirroredStrategy fails under Keras 3's `fit` (two Keras 3 bugs
+tfdist works around), so tf-keras is where the baseline runs unmodified.
+Configurations alternate per round; medians are reported.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -30,14 +43,33 @@ import numpy as np
 
 from tfdist.testing import run_local_cluster
 
-_STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per run.", lower_bound=2)
-_REPEATS = flags.DEFINE_integer("repeats", 2, "Runs per configuration.", lower_bound=1)
-GLOBAL_BATCH_SIZE = 256
+_STEPS = flags.DEFINE_integer("steps", 40, "Timed steps per run.", lower_bound=10)
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Runs per configuration.", lower_bound=1)
+_WORKLOAD = flags.DEFINE_enum(
+    "workload", "comm_bound", ["comm_bound", "compute_bound"], "Global batch size.")
+GLOBAL_BATCH_SIZE = {"comm_bound": 256, "compute_bound": 4096}
+WARMUP_STEPS = 5
 ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
+CONFIGS = {
+    # name: (strategy kind, workers, compression)
+    "1 worker, no strategy": ("single", 1, None),
+    "2 workers, tfdist.MultiWorkerMirroredStrategy": ("tfdist", 2, None),
+    "2 workers, tfdist, compression='fp16'": ("tfdist", 2, "fp16"),
+    "2 workers, tf.distribute.MultiWorkerMirroredStrategy": ("tf", 2, None),
+}
+BASELINE = "2 workers, tf.distribute.MultiWorkerMirroredStrategy"
 
 
-def examples_per_second(kind: str, steps: int, compression: str | None = None) -> float:
-    """Runs in each task: timed `fit` throughput of this task (examples/s)."""
+def pin_to_own_core() -> None:
+    """Restricts this task (and the threads it starts later) to core task_id."""
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    os.sched_setaffinity(0, {task.get("index", 0) % os.cpu_count()})
+
+
+def step_seconds(kind: str, global_batch_size: int, steps: int,
+                 compression: str | None = None) -> float:
+    """Runs in each task: median steady-state seconds per training step."""
+    pin_to_own_core()  # Before TensorFlow starts its threads.
     import tensorflow as tf
 
     import tfdist
@@ -50,10 +82,10 @@ def examples_per_second(kind: str, steps: int, compression: str | None = None) -
         strategy = tf.distribute.get_strategy()
     keras = tf.keras
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(GLOBAL_BATCH_SIZE * steps, 256)).astype("float32")
-    y = rng.integers(0, 10, GLOBAL_BATCH_SIZE * steps).astype("int32")
+    x = rng.normal(size=(global_batch_size * 8, 256)).astype("float32")
+    y = rng.integers(0, 10, global_batch_size * 8).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
-        GLOBAL_BATCH_SIZE, drop_remainder=True).repeat()
+        global_batch_size, drop_remainder=True).cache().repeat()
     with strategy.scope():
         model = keras.Sequential([
             keras.Input((256,)),
@@ -64,36 +96,41 @@ def examples_per_second(kind: str, steps: int, compression: str | None = None) -
         model.compile(optimizer=keras.optimizers.SGD(0.01),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0)  # Trace, warm up.
-    start = time.perf_counter()
-    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
-    return GLOBAL_BATCH_SIZE * steps / (time.perf_counter() - start)
+
+    class StepClock(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.stamps = [time.perf_counter()]
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.stamps.append(time.perf_counter())
+
+    clock = StepClock()
+    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    return float(np.median(np.diff(clock.stamps)[WARMUP_STEPS:]))
 
 
 def main(argv: Sequence[str]) -> None:
     del argv
-    configs = {"1 worker, no strategy": ("single", 1, None),
-               "2 workers, tfdist.MultiWorkerMirroredStrategy": ("tfdist", 2, None),
-               "2 workers, tfdist, compression='fp16'": ("tfdist", 2, "fp16"),
-               "2 workers, tf.distribute.MultiWorkerMirroredStrategy": ("tf", 2, None)}
-    rates: dict[str, list[float]] = {name: [] for name in configs}
-    for _ in range(_REPEATS.value):
-        for name, (kind, workers, compression) in configs.items():
+    batch = GLOBAL_BATCH_SIZE[_WORKLOAD.value]
+    step_s: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    for _ in range(_ROUNDS.value):
+        for name, (kind, workers, compression) in CONFIGS.items():
             per_task = run_local_cluster(
-                examples_per_second, num_workers=workers,
-                args=(kind, _STEPS.value, compression),
-                timeout_s=300, env=ENV)
-            rates[name].append(min(per_task))  # The job runs at its slowest task's pace.
-    median = {name: statistics.median(r) for name, r in rates.items()}
-    single = median["1 worker, no strategy"]
-    tf_rate = median["2 workers, tf.distribute.MultiWorkerMirroredStrategy"]
-    print(f"\n### global batch {GLOBAL_BATCH_SIZE}, MLP 256->512->512->10, "
-          f"1 intra-op thread per task, tf-keras\n")
-    print("| configuration | examples/s | scaling efficiency | vs TF's MWMS |")
-    print("|---|---|---|---|")
-    for name, rate in median.items():
-        workers = configs[name][1]
-        efficiency = rate / (workers * single) if workers > 1 else 1.0
-        print(f"| {name} | {rate:,.0f} | {efficiency:.2f} | {rate / tf_rate:.2f}x |")
+                step_seconds, num_workers=workers,
+                args=(kind, batch, _STEPS.value, compression),
+                timeout_s=600, env=ENV)
+            step_s[name].append(max(per_task))  # The job runs at its slowest task's pace.
+    rate = {name: batch / statistics.median(s) for name, s in step_s.items()}
+    single = rate["1 worker, no strategy"]
+    print(f"\n### {_WORKLOAD.value}: global batch {batch}, MLP 256->512->512->10, "
+          f"1 intra-op thread and 1 core per task, tf-keras, median of {_ROUNDS.value}\n")
+    print("| configuration | ms/step | examples/s | scaling efficiency | vs TF's MWMS |")
+    print("|---|---|---|---|---|")
+    for name, examples_per_s in rate.items():
+        workers = CONFIGS[name][1]
+        efficiency = examples_per_s / (workers * single) if workers > 1 else 1.0
+        print(f"| {name} | {batch / examples_per_s * 1e3:.1f} | {examples_per_s:,.0f} | "
+              f"{efficiency:.2f} | {examples_per_s / rate[BASELINE]:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,13 @@ Why each import is needed:
   watchdog probes peers and aborts collectives as TF's own (disabled)
   health-check thread would.
 - `coordination_config_pb2.CoordinatedJob`: the job list of that config.
+- `input_util.get_distributed_datasets_from_function` and MWMS's
+  `_input_workers_with_options` / `_make_input_context`: tfdist reads a
+  CPU worker's input with a plain iterator (no `MultiDeviceIterator`, whose
+  GeneratorDatasets make TF lower glibc's trim threshold for the whole
+  process), as `InputReplicationMode.PER_REPLICA` does; TF's MWMS refuses
+  that mode in its public method although its input path supports it for
+  one local replica.
 - `cross_device_ops.CollectiveAllReduce` and its `CollectiveReplicaLauncher`:
   tfdist's cross-worker all-reduce subclasses TF's multi-worker cross-device
   ops (everything but gradient aggregation stays TF's) and launches its
@@ -49,6 +56,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as _cross_device_ops
 from tensorflow.python.distribute import distribute_lib as _distribute_lib
 from tensorflow.python.distribute import distribute_utils as _distribute_utils
+from tensorflow.python.distribute import input_util as _input_util
 from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
 from tensorflow.python.distribute import values as _values
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as _coordination_pb2
@@ -60,6 +68,7 @@ from tensorflow.python.ops import resource_variable_ops as _resource_variable_op
 __all__ = [
     "MirroredExtended",
     "destination_devices",
+    "distribute_datasets_read_on_host",
     "is_distributed_value",
     "is_mirrored_variable",
     "make_local_counter",
@@ -79,6 +88,38 @@ def make_mirrored(per_device: Sequence[Any]) -> Any:
     A single value is returned as is, as TF's own CrossDeviceOps do.
     """
     return _distribute_utils.regroup(tuple(per_device), wrap_class=_values.Mirrored)
+
+
+#: Every replica's input pipeline read on the host by a plain iterator.
+_READ_ON_HOST = tf.distribute.InputOptions(
+    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+    experimental_fetch_to_device=False,
+)
+
+
+def distribute_datasets_read_on_host(strategy: Any, dataset_fn: Any) -> Any:
+    """`distribute_datasets_from_function` with one host pipeline per replica.
+
+    For a MirroredStrategy this is the public `PER_REPLICA` option without
+    fetching to devices. For a MultiWorkerMirroredStrategy (whose public
+    method rejects that option) the worker must have one local replica; the
+    same TF input path is called directly.
+    """
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        extended = strategy.extended
+        if len(extended.worker_devices) != 1:
+            raise ValueError(
+                "reading input on the host needs one replica per worker; "
+                f"this worker has {len(extended.worker_devices)}."
+            )
+        return _input_util.get_distributed_datasets_from_function(
+            dataset_fn=dataset_fn,
+            input_workers=extended._input_workers_with_options(_READ_ON_HOST),
+            input_contexts=[extended._make_input_context()],
+            strategy=strategy,
+            options=_READ_ON_HOST,
+        )
+    return strategy.distribute_datasets_from_function(dataset_fn, _READ_ON_HOST)
 
 
 def destination_devices(destinations: Any, fallback: Any) -> tuple[str, ...]:

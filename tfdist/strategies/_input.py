@@ -18,6 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist._internal import tf_private
 from tfdist._internal import validation
 from tfdist.data import options as options_lib
 from tfdist.data import splitting
@@ -41,16 +42,19 @@ def distribute_dataset(
     shard_options: options_lib.ShardOptions | None,
     input_options: Any,
     *,
-    one_pipeline_per_replica: bool = False,
+    read_on_host: bool = False,
 ) -> Any:
     """Returns `strategy`'s distributed dataset for the batched `dataset`.
 
-    With `one_pipeline_per_replica` (for replicas on host-memory devices of
-    one process; `tf.distribute.MirroredStrategy` only) and no
-    `input_options` of the caller's, every replica gets its own input
-    pipeline that stays on the host, read by a plain iterator: TF's default
-    prefetches each batch to each device through a `MultiDeviceIterator`,
-    which on host memory only adds a function call per replica and step.
+    With `read_on_host` (replicas on host-memory devices: logical CPUs of
+    one process, or a CPU worker with one replica) and no `input_options`
+    of the caller's, every replica gets its own input pipeline that stays on
+    the host, read by a plain iterator. TF's default prefetches each batch
+    to each device through a `MultiDeviceIterator`, which on host memory
+    only adds a function call per replica and step, and whose per-device
+    GeneratorDatasets make TensorFlow set glibc's M_TRIM_THRESHOLD for the
+    whole process (after which large tensors are page-faulted in anew at
+    every allocation; see benchmarks/RESULTS.md).
 
     Raises:
       ConfigError: If the global batch size does not divide by
@@ -71,13 +75,8 @@ def distribute_dataset(
                 unbatched, context, global_batch_size=global_batch_size
             )
 
-    if input_options is None and one_pipeline_per_replica:
-        input_options = tf.distribute.InputOptions(
-            experimental_replication_mode=(
-                tf.distribute.InputReplicationMode.PER_REPLICA
-            ),
-            experimental_fetch_to_device=False,
-        )
+    if input_options is None and read_on_host:
+        return tf_private.distribute_datasets_read_on_host(strategy, dataset_fn)
     return strategy.distribute_datasets_from_function(dataset_fn, input_options)
 
 

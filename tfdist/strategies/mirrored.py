@@ -186,7 +186,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
             dataset,
             self._shard_options,
             options,
-            one_pipeline_per_replica=self._host_memory,
+            read_on_host=self._host_memory,
         )
 
 

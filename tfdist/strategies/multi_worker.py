@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist import devices as devices_lib
 from tfdist import errors
 from tfdist._internal import keras_compat
 from tfdist._internal import tf_private
@@ -174,6 +175,11 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 keras_compat.redirect_non_chief_checkpoints(config.task.name)
         self._timeout_s = timeout
         self._shard_options = shard_options
+        # A CPU worker has one replica, on host memory: its input needs no
+        # prefetching to a device (see _input.distribute_dataset).
+        self._read_on_host = len(self.extended.worker_devices) == 1 and (
+            devices_lib.share_host_memory(self.extended.worker_devices)
+        )
 
     @property
     def cluster_config(self) -> ClusterConfig:
@@ -228,7 +234,11 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             `num_replicas_in_sync`.
         """
         return input_lib.distribute_dataset(
-            self, dataset, self._shard_options, options
+            self,
+            dataset,
+            self._shard_options,
+            options,
+            read_on_host=self._read_on_host,
         )
 
 
