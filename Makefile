@@ -11,6 +11,8 @@ PY := $(VENV)/bin/python
 # Re-install only when setup.py changes; each stamp records the extras done.
 STAMP_DIR := $(VENV)/.tfdist-stamps
 PYTEST_FLAGS ?=
+# Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
+BAZEL_TEST_ARGS ?=
 
 .PHONY: demo test test-keras3 test-tfkeras lint bench bazel-test venv clean
 
@@ -57,7 +59,7 @@ bench: $(EXTRAS_BENCH)
 # `bazel --batch test //...` (no server left behind) with the venv's Python, and
 # ends with "N passed, M failed". BUILD is generated: python tools/build_gen.py
 bazel-test: $(EXTRAS_TEST)
-	tools/bazel_test.sh $(abspath $(PY))
+	tools/bazel_test.sh $(abspath $(PY)) $(BAZEL_TEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache

@@ -84,9 +84,13 @@ SIZE_BY_DIR = {
 }
 
 #: Default test tags by directory under tests/ (longest matching prefix wins).
+#: "slow": the tiers that train models or start clusters (minutes each); CI
+#: runs them under pytest and, in Bazel, only builds them (.ci/run).
 TAGS_BY_DIR: dict[str, tuple[str, ...]] = {
     "": (),
-    "integration": ("multiprocess",),
+    "numerics": ("slow",),
+    "examples": ("slow",),
+    "integration": ("multiprocess", "slow"),
 }
 
 #: Directories left out of test target names (tests/unit/x/y_test.py: x_y_test).

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["Bucket", "pack", "plan_buckets", "unpack"]
+__all__ = ["Bucket", "pack", "plan_buckets", "reindex", "unpack"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +77,18 @@ def plan_buckets(
         if current:
             buckets.append(_bucket(current, shapes, dtype))
     return buckets
+
+
+def reindex(bucket: Bucket, positions: Sequence[int]) -> Bucket:
+    """`bucket` planned over a reordered list, in the original positions.
+
+    Args:
+      bucket: A bucket whose `indices` index the reordered list.
+      positions: `positions[i]` is the original index of reordered item i.
+    """
+    return dataclasses.replace(
+        bucket, indices=tuple(positions[i] for i in bucket.indices)
+    )
 
 
 def _bucket(

@@ -136,7 +136,15 @@ class HierarchicalAllReduce(tf_private.CollectiveAllReduce):  # type: ignore[mis
         shapes = [tuple(v[0].shape.as_list()) for v in per_value]
         dtypes = [v[0].dtype for v in per_value]
         results: list[list[Any]] = [[None] * len(devices) for _ in per_value]
-        for bucket in _packing.plan_buckets(shapes, dtypes, self._bucket_bytes):
+        # Backprop produces the last layer's gradients first: buckets filled
+        # in reverse order let the first collective start while earlier
+        # layers' gradients are still being computed (TF's executor runs
+        # each collective as soon as its bucket's inputs are ready).
+        order = list(range(len(per_value)))[::-1]
+        planned = _packing.plan_buckets(
+            [shapes[k] for k in order], [dtypes[k] for k in order], self._bucket_bytes
+        )
+        for bucket in (_packing.reindex(b, order) for b in planned):
             flats = [
                 _packing.pack([per_value[k][d] for k in range(len(per_value))], bucket, device)
                 for d, device in enumerate(devices)

@@ -288,5 +288,28 @@ class ConfigErrorTest(parameterized.TestCase):
             collectives.AllReduce(bucket_bytes="4MB")
 
 
+class BucketPlanTest(tf.test.TestCase):
+
+    def test_buckets_planned_in_reverse_map_back_to_original_positions(self):
+        from tfdist.collectives import _packing
+
+        shapes = [(4,), (2, 2), (8,), (1,)]
+        order = [3, 2, 1, 0]
+        planned = _packing.plan_buckets(
+            [shapes[k] for k in order], [tf.float32] * 4, bucket_bytes=40
+        )
+        buckets = [_packing.reindex(b, order) for b in planned]
+        # Reverse order: (1,) + (8,) = 36 bytes fill the first bucket.
+        self.assertEqual([b.indices for b in buckets], [(3, 2), (1, 0)])
+        self.assertEqual(buckets[0].shapes, ((1,), (8,)))
+        tensors = [tf.fill(shape, float(k)) for k, shape in enumerate(shapes)]
+        for bucket in buckets:
+            flat = _packing.pack(tensors, bucket, "/device:CPU:0")
+            for k, piece in zip(
+                bucket.indices, _packing.unpack(flat, bucket, "/device:CPU:0")
+            ):
+                self.assertAllEqual(piece, tensors[k])
+
+
 if __name__ == "__main__":
     tfdist.testing.main()

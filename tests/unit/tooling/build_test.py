@@ -630,7 +630,7 @@ class GeneratorTest(parameterized.TestCase):
         )
         self.assertEqual(targets["integration_cluster_test"].size, "large")
         self.assertEqual(
-            targets["integration_cluster_test"].tags, ("multiprocess",)
+            targets["integration_cluster_test"].tags, ("multiprocess", "slow")
         )
 
     def test_tests_get_size_and_tags_from_directive_when_given(self):
