@@ -52,7 +52,8 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/fit.py --workload=throughput
 	$(PY) benchmarks/fit.py --workload=latency
 	$(PY) benchmarks/input_pipeline.py
-	$(PY) benchmarks/multiworker.py
+	$(PY) benchmarks/multiworker.py --workload=comm_bound
+	$(PY) benchmarks/multiworker.py --workload=compute_bound
 	$(PY) benchmarks/cross_worker_latency.py
 
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs
