@@ -102,16 +102,11 @@ def distribute_datasets_read_on_host(strategy: Any, dataset_fn: Any) -> Any:
 
     For a MirroredStrategy this is the public `PER_REPLICA` option without
     fetching to devices. For a MultiWorkerMirroredStrategy (whose public
-    method rejects that option) the worker must have one local replica; the
-    same TF input path is called directly.
+    method rejects that option) the same TF input path is called directly;
+    the caller must ensure the worker has exactly one local replica.
     """
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         extended = strategy.extended
-        if len(extended.worker_devices) != 1:
-            raise ValueError(
-                "reading input on the host needs one replica per worker; "
-                f"this worker has {len(extended.worker_devices)}."
-            )
         return _input_util.get_distributed_datasets_from_function(
             dataset_fn=dataset_fn,
             input_workers=extended._input_workers_with_options(_READ_ON_HOST),
