@@ -256,27 +256,27 @@ class EpochCounterTest(tf.test.TestCase, parameterized.TestCase):
         num_elements=st.integers(10, 30),
         layout=_LAYOUTS,
         seed=st.integers(0, 2**31),
-        data=st.data(),
     )
     def test_consecutive_iterations_are_different_epochs(
-        self, num_elements, layout, seed, data
+        self, num_elements, layout, seed
     ):
+        # The whole epoch (every pipeline's share, in order) is compared: one
+        # pipeline's few elements can repeat their order by chance (about
+        # 1 in 720 for 3 of 10 elements, and hypothesis found such a seed),
+        # a permutation of all >= 10 elements only 1 in 10! times.
         num_pipelines, local_replicas, batch = layout
         num_replicas = num_pipelines * local_replicas
-        context = tf.distribute.InputContext(
-            num_pipelines,
-            data.draw(st.integers(0, num_pipelines - 1), label="pipeline"),
-            num_replicas,
-        )
-        sharded = sharding.shard(
-            _dataset(num_elements),
-            context,
-            global_batch_size=num_replicas * batch,
-            seed=seed,
-        )
-        first = np.concatenate([b[0] for b in _one_iteration(sharded)])
-        second = np.concatenate([b[0] for b in _one_iteration(sharded)])
-        self.assertNotAllEqual(first, second)
+        epochs = [[], []]
+        for pipeline in range(num_pipelines):
+            sharded = sharding.shard(
+                _dataset(num_elements),
+                tf.distribute.InputContext(num_pipelines, pipeline, num_replicas),
+                global_batch_size=num_replicas * batch,
+                seed=seed,
+            )
+            for epoch in epochs:
+                epoch.extend(b[0] for b in _one_iteration(sharded))
+        self.assertNotAllEqual(np.concatenate(epochs[0]), np.concatenate(epochs[1]))
 
     def test_epoch_none_reshuffles_on_each_iteration(self):
         dataset = _dataset(20)
