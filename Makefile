@@ -49,6 +49,7 @@ lint: $(EXTRAS_TEST)
 
 bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/allreduce.py
+	TF_CPU_ALLOCATOR_USE_BFC=true $(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/fit.py --workload=throughput
 	$(PY) benchmarks/fit.py --workload=latency
 	$(PY) benchmarks/input_pipeline.py

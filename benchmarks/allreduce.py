@@ -11,10 +11,15 @@ The bandwidth bound for one all-reduce is n*S bytes read plus S written,
 at the copy bandwidth measured in the same run (single-threaded numpy copy
 of the largest size: bytes read + written per second). TF's kernels may use
 both cores, so a result can beat this "bound" slightly.
+
+Above glibc's mmap threshold every fresh output buffer is page-faulted in;
+run once more with TF_CPU_ALLOCATOR_USE_BFC=true in the environment to
+measure with TensorFlow's pooling CPU allocator instead.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -96,8 +101,11 @@ def main(argv: Sequence[str]) -> None:
         for name, t in timings.items():
             results[name][size] = statistics.median(t)
     bandwidth = copy_bandwidth_bytes_per_s(max(sizes))
+    allocator = ("TF's BFC allocator" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower()
+                 in ("1", "true") else "glibc malloc")
     print(f"\n### all-reduce of one float32 tensor, {n} logical CPUs "
-          f"(median of {_REPEATS.value}); copy bandwidth {bandwidth / 1e9:.1f} GB/s\n")
+          f"(median of {_REPEATS.value}); copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
+          f"CPU tensors from {allocator}\n")
     print("| contender | " + " | ".join(f"{s / (1 << 20):g} MiB (ms)" for s in sizes) + " |")
     print("|---|" + "---|" * len(sizes))
     for name, by_size in results.items():
