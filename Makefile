@@ -55,6 +55,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/multiworker.py --workload=comm_bound
 	$(PY) benchmarks/multiworker.py --workload=compute_bound
+	$(PY) benchmarks/multiworker.py --workload=compute_bound --keras=keras3
 	$(PY) benchmarks/cross_worker_latency.py
 
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs

@@ -1,6 +1,7 @@
 """Multi-worker scaling: 2 workers vs 1, and tfdist vs TF's MultiWorkerMirroredStrategy.
 
     python benchmarks/multiworker.py [--workload=comm_bound|compute_bound] [--rounds=3]
+        [--keras=tf_keras|keras3]
 
 Every task is a process on 127.0.0.1 (`tfdist.testing.run_local_cluster`)
 with one intra-op thread and **pinned to one core** (task i to core i), so
@@ -23,9 +24,10 @@ of float32 gradients per step):
   step on one core, so per-step communication dominates);
 - compute_bound: global batch 4096 (~160 ms of compute per step).
 
-All runs use tf-keras (TF_USE_LEGACY_KERAS=1): TF's own
+By default all runs use tf-keras (TF_USE_LEGACY_KERAS=1): TF's own
 MultiWorkerMirroredStrategy fails under Keras 3's `fit` (two Keras 3 bugs
 tfdist works around), so tf-keras is where the baseline runs unmodified.
+`--keras=keras3` measures tfdist's scaling under Keras 3 (no TF baseline).
 Configurations alternate per round; medians are reported.
 """
 
@@ -47,9 +49,12 @@ _STEPS = flags.DEFINE_integer("steps", 40, "Timed steps per run.", lower_bound=1
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Runs per configuration.", lower_bound=1)
 _WORKLOAD = flags.DEFINE_enum(
     "workload", "comm_bound", ["comm_bound", "compute_bound"], "Global batch size.")
+_KERAS = flags.DEFINE_enum(
+    "keras", "tf_keras", ["tf_keras", "keras3"],
+    "Keras front end; TF's MultiWorkerMirroredStrategy runs only under tf_keras.")
 GLOBAL_BATCH_SIZE = {"comm_bound": 256, "compute_bound": 4096}
 WARMUP_STEPS = 5
-ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
+ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
 CONFIGS = {
     # name: (strategy kind, workers, compression)
     "1 worker, no strategy": ("single", 1, None),
@@ -80,7 +85,10 @@ def step_seconds(kind: str, global_batch_size: int, steps: int,
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
         strategy = tf.distribute.get_strategy()
-    keras = tf.keras
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        keras = tf.keras
+    else:
+        import keras
     rng = np.random.default_rng(0)
     x = rng.normal(size=(global_batch_size * 8, 256)).astype("float32")
     y = rng.integers(0, 10, global_batch_size * 8).astype("int32")
@@ -112,25 +120,30 @@ def step_seconds(kind: str, global_batch_size: int, steps: int,
 def main(argv: Sequence[str]) -> None:
     del argv
     batch = GLOBAL_BATCH_SIZE[_WORKLOAD.value]
-    step_s: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    tf_keras = _KERAS.value == "tf_keras"
+    env = {**ENV, "TF_USE_LEGACY_KERAS": "1"} if tf_keras else ENV
+    configs = {name: config for name, config in CONFIGS.items()
+               if tf_keras or config[0] != "tf"}
+    step_s: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(_ROUNDS.value):
-        for name, (kind, workers, compression) in CONFIGS.items():
+        for name, (kind, workers, compression) in configs.items():
             per_task = run_local_cluster(
                 step_seconds, num_workers=workers,
                 args=(kind, batch, _STEPS.value, compression),
-                timeout_s=600, env=ENV)
+                timeout_s=600, env=env)
             step_s[name].append(max(per_task))  # The job runs at its slowest task's pace.
     rate = {name: batch / statistics.median(s) for name, s in step_s.items()}
     single = rate["1 worker, no strategy"]
     print(f"\n### {_WORKLOAD.value}: global batch {batch}, MLP 256->512->512->10, "
-          f"1 intra-op thread and 1 core per task, tf-keras, median of {_ROUNDS.value}\n")
+          f"1 intra-op thread and 1 core per task, {_KERAS.value}, median of {_ROUNDS.value}\n")
     print("| configuration | ms/step | examples/s | scaling efficiency | vs TF's MWMS |")
     print("|---|---|---|---|---|")
     for name, examples_per_s in rate.items():
         workers = CONFIGS[name][1]
         efficiency = examples_per_s / (workers * single) if workers > 1 else 1.0
+        versus_tf = f"{examples_per_s / rate[BASELINE]:.2f}x" if BASELINE in rate else "n/a"
         print(f"| {name} | {batch / examples_per_s * 1e3:.1f} | {examples_per_s:,.0f} | "
-              f"{efficiency:.2f} | {examples_per_s / rate[BASELINE]:.2f}x |")
+              f"{efficiency:.2f} | {versus_tf} |")
 
 
 if __name__ == "__main__":
