@@ -8,6 +8,8 @@ TF_CONFIG and trains a small model for 3 epochs of 8 steps. MODE:
 - `kill`: worker 1 kills itself (SIGKILL) at step 3 of epoch 2, after
   writing the time to OUT_DIR/killed_at; the survivors write what `fit`
   raised to OUT_DIR/<task>.json.
+- `stall`: as `kill`, but worker 1 stays alive and stops taking part: it
+  writes OUT_DIR/killed_at and sleeps (a stuck peer).
 - `restart`: trains with `keras.callbacks.BackupAndRestore(OUT_DIR/backup)`;
   on its first attempt (no OUT_DIR/attempted-worker-1 yet) worker 1
   kills itself at step 3 of epoch 2. The chief writes the final weights to
@@ -37,12 +39,17 @@ KILL_EPOCH = 1  # 0-based: the second of three epochs.
 KILL_STEP = 3
 
 
-class _KillAt(keras.callbacks.Callback):
-    """Kills this process at (KILL_EPOCH, KILL_STEP) when `armed`."""
+#: How long a stalled worker sleeps: far past any timeout the tests use.
+STALL_S = 600
 
-    def __init__(self, armed: bool, out_dir: str) -> None:
+
+class _KillAt(keras.callbacks.Callback):
+    """Kills (or stalls) this process at (KILL_EPOCH, KILL_STEP) when `armed`."""
+
+    def __init__(self, armed: bool, out_dir: str, stall: bool = False) -> None:
         super().__init__()
         self._armed = armed
+        self._stall = stall
         self._out_dir = out_dir
         self._epoch = 0
 
@@ -53,6 +60,8 @@ class _KillAt(keras.callbacks.Callback):
         if self._armed and self._epoch == KILL_EPOCH and batch == KILL_STEP:
             with open(os.path.join(self._out_dir, "killed_at"), "w") as f:
                 f.write(repr(time.time()))
+            if self._stall:
+                time.sleep(STALL_S)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -77,7 +86,7 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
     first_attempt = not os.path.exists(attempted)
     with open(attempted, "a") as f:
         f.write("1\n")
-    callbacks = [_KillAt(task.name == "worker:1" and first_attempt, out_dir)]
+    callbacks = [_KillAt(task.name == "worker:1" and first_attempt, out_dir, mode == "stall")]
     if mode == "restart":
         callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
     try:
@@ -88,7 +97,9 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
     except Exception as e:  # The fault test records what the survivor saw.
         record = {
             "type": type(e).__name__,
-            "is_tfdist": isinstance(e, tfdist.errors.WorkerUnavailableError),
+            "is_lost": isinstance(e, tfdist.errors.WorkerUnavailableError),
+            "is_timeout": isinstance(e, tfdist.errors.CollectiveTimeoutError)
+            and isinstance(e, tf.errors.DeadlineExceededError),
             "task": getattr(e, "task", None),
             "message": str(e),
             "raised_at": time.time(),

@@ -66,31 +66,37 @@ def _weights(path: str) -> list[np.ndarray]:
         return [data[f"arr_{i}"] for i in range(len(data.files))]
 
 
+def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
+    """Runs both workers in `mode`; returns worker 0's record and the fault time."""
+    out_dir = test.create_tempdir().full_path
+    addresses = list(tfdist.cluster.make_local_cluster(2).addresses("worker"))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
+            env=_env(_tf_config(addresses, index)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for index in range(2)
+    ]
+    try:
+        survivor_stderr = procs[0].communicate(timeout=JOB_LIMIT_S)[1]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    test.assertNotEqual(procs[0].returncode, 0, survivor_stderr[-3000:])
+    if mode == "kill":
+        test.assertEqual(procs[1].returncode, -9)  # SIGKILL, by its own hand.
+    with open(os.path.join(out_dir, "worker:0.json")) as f:
+        record = json.load(f)
+    with open(os.path.join(out_dir, "killed_at")) as f:
+        return record, float(f.read())
+
+
 class LostWorkerTest(tf.test.TestCase):
     def test_survivor_raises_tfdist_error_naming_killed_worker_in_time(self):
-        out_dir = self.create_tempdir().full_path
-        addresses = list(tfdist.cluster.make_local_cluster(2).addresses("worker"))
-        procs = [
-            subprocess.Popen(
-                [sys.executable, SCRIPT, "kill", out_dir, str(TIMEOUT_S)],
-                env=_env(_tf_config(addresses, index)),
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            )
-            for index in range(2)
-        ]
-        try:
-            survivor_stderr = procs[0].communicate(timeout=JOB_LIMIT_S)[1]
-        finally:
-            for proc in procs:
-                proc.kill()
-                proc.wait()
-        self.assertNotEqual(procs[0].returncode, 0, survivor_stderr[-3000:])
-        self.assertEqual(procs[1].returncode, -9)  # SIGKILL, by its own hand.
-        with open(os.path.join(out_dir, "worker:0.json")) as f:
-            record = json.load(f)
-        with open(os.path.join(out_dir, "killed_at")) as f:
-            killed_at = float(f.read())
-        self.assertTrue(record["is_tfdist"], record)
+        record, killed_at = _run_pair(self, "kill")
+        self.assertTrue(record["is_lost"], record)
         self.assertEqual(record["task"], "worker:1")
         self.assertIn("task worker:1 is lost", record["message"])
         self.assertLess(record["raised_at"] - killed_at, TIMEOUT_S + MARGIN_S)
@@ -100,6 +106,52 @@ class LostWorkerTest(tf.test.TestCase):
         result = _launch(out_dir, mode="kill")
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("worker:1", result.stderr)
+
+
+class StuckWorkerTest(tf.test.TestCase):
+    def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
+        record, stalled_at = _run_pair(self, "stall")
+        self.assertTrue(record["is_timeout"], record)
+        self.assertIn(f"waited more than timeout_s={TIMEOUT_S:g} s", record["message"])
+        elapsed = record["raised_at"] - stalled_at
+        self.assertGreater(elapsed, TIMEOUT_S - 1)  # Not before the bound...
+        self.assertLess(elapsed, TIMEOUT_S + MARGIN_S)  # ...and soon after it.
+
+
+def _threads_after_collectives(count: int) -> tuple[int, int]:
+    """In each task: this process's thread count before and after `count` all-reduces."""
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=300)
+
+    @tf.function
+    def step(value):
+        return strategy.run(
+            lambda v: tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(v)),
+            args=(value,),
+        )
+
+    def threads() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+    one = tf.constant([1.0])
+    strategy.experimental_local_results(step(one))[0].numpy()
+    before = threads()
+    for _ in range(count):
+        total = strategy.experimental_local_results(step(one))[0].numpy()
+    assert total[0] == 2.0, total
+    return before, threads()
+
+
+class CollectiveThreadsTest(tf.test.TestCase):
+    def test_bounded_collectives_start_no_thread_each(self):
+        # TF's per-op collective timeout starts 2 threads per collective that
+        # live for the whole timeout (300 s here): +600 after 300 collectives.
+        count = 300
+        per_task = tfdist.testing.run_local_cluster(
+            _threads_after_collectives, num_workers=2, args=(count,), timeout_s=JOB_LIMIT_S
+        )
+        for before, after in per_task:
+            self.assertLess(after - before, count // 10, per_task)
 
 
 class RestartTest(tf.test.TestCase):

@@ -37,19 +37,24 @@ Why each import is needed:
   ops (everything but gradient aggregation stays TF's) and launches its
   cross-worker collectives through TF's launcher (group and instance keys,
   ordering tokens, timeouts), the same engine MWMS uses.
+- `CollectiveReplicaLauncher.all_reduce` / `_all_gather`, wrapped per
+  launcher instance (`watch_collectives`): every cross-worker collective
+  is created there, so tfdist brackets each with the started/finished
+  counters its watchdog reads, instead of TF's per-op `timeout`, which
+  starts a thread per collective that sleeps for the whole timeout.
 - `errors_impl._CODE_TO_EXCEPTION_CLASS` and
   `atomic_function.InterpolateRuntimeError.__exit__`: after the watchdog
-  declares a peer lost, TF's UNAVAILABLE errors (the aborted collectives,
-  raised from C++ inside `fit`, where no tfdist code runs) become a tfdist
-  subclass of `tf.errors.UnavailableError`, so `fit` raises a tfdist
-  error. Eager ops build errors from the first; `tf.function` calls get
+  declares a peer lost (or a collective overdue), TF's UNAVAILABLE (or
+  DEADLINE_EXCEEDED) errors (the aborted collectives, raised from C++
+  inside `fit`, where no tfdist code runs) become a tfdist subclass of
+  TF's error class, so `fit` raises a tfdist error. Eager ops build errors from the first; `tf.function` calls get
   theirs from TF's C++ registry, which cannot be re-initialized, and pass
   them through the second, where the instance is re-classed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -217,9 +222,9 @@ def check_peer_health(peer: str, timeout_ms: int) -> None:
     _context.context().check_collective_ops_peer_health(peer, timeout_ms)
 
 
-def abort_collectives(message: str) -> None:
-    """Makes every pending and later collective fail with UNAVAILABLE."""
-    _context.context().abort_collective_ops(tf.errors.UNAVAILABLE, message)
+def abort_collectives(message: str, code: int = tf.errors.UNAVAILABLE) -> None:
+    """Makes every pending and later collective fail with error `code`."""
+    _context.context().abort_collective_ops(code, message)
 
 
 def set_cluster_key(key: str, value: str) -> None:
@@ -236,11 +241,12 @@ def get_cluster_key(key: str, timeout_ms: int) -> str | None:
         return None
 
 
-_unavailable_error_class: list[type[tf.errors.UnavailableError]] = []
+#: (TF's class, tfdist's subclass) pairs, by TF error code.
+_error_classes: dict[int, tuple[type[tf.errors.OpError], type[tf.errors.OpError]]] = {}
 
 
-def install_unavailable_error_hook() -> None:
-    """Lets `raise_unavailable_errors_as` reach `tf.function` calls.
+def install_error_class_hook() -> None:
+    """Lets `raise_errors_as` reach `tf.function` calls.
 
     Must run before the calls it should affect start: Python binds a `with`
     block's `__exit__` when the block is entered, and `fit` may already be
@@ -252,24 +258,27 @@ def install_unavailable_error_hook() -> None:
     original_exit = interpolate.__exit__
 
     def exit_with_error_class(self: Any, typ: Any, exc: Any, tb: Any) -> Any:
-        if _unavailable_error_class and type(exc) is tf.errors.UnavailableError:
-            exc.__class__ = _unavailable_error_class[0]
+        pair = _error_classes.get(getattr(exc, "error_code", None))  # type: ignore[arg-type]
+        if pair is not None and type(exc) is pair[0]:
+            exc.__class__ = pair[1]
         return original_exit(self, typ, exc, tb)
 
     interpolate._tfdist_original_exit = original_exit
     interpolate.__exit__ = exit_with_error_class
 
 
-def raise_unavailable_errors_as(error_class: type[tf.errors.UnavailableError]) -> None:
-    """Makes every later UNAVAILABLE error of TF an instance of `error_class`.
+def raise_errors_as(code: int, error_class: type[tf.errors.OpError]) -> None:
+    """Makes every later TF error with `code` an instance of `error_class`.
 
-    `error_class` must subclass `tf.errors.UnavailableError`, add no
+    `error_class` must subclass TF's class for `code` (for example
+    `tf.errors.UnavailableError` for `tf.errors.UNAVAILABLE`), add no
     instance layout, and take its constructor arguments. Covers eager ops
-    and, after `install_unavailable_error_hook`, `tf.function` calls (as in
+    and, after `install_error_class_hook`, `tf.function` calls (as in
     `model.fit`); see the module docstring.
     """
-    _errors_impl._CODE_TO_EXCEPTION_CLASS[tf.errors.UNAVAILABLE] = error_class
-    _unavailable_error_class[:] = [error_class]
+    tf_class = _error_classes.get(code, (_errors_impl._CODE_TO_EXCEPTION_CLASS[code],))[0]
+    _errors_impl._CODE_TO_EXCEPTION_CLASS[code] = error_class
+    _error_classes[code] = (tf_class, error_class)
 
 
 #: TF's multi-worker cross-device ops (MultiWorkerMirroredStrategy's).
@@ -284,6 +293,37 @@ def collective_all_reduce(ops: Any, tensor: tf.Tensor, options: Any) -> tf.Tenso
 def collective_all_gather(ops: Any, tensor: tf.Tensor, options: Any) -> tf.Tensor:
     """Concatenation along axis 0 of `tensor` from every member of `ops`' group."""
     return ops._launchers[0]._all_gather(tensor, options)
+
+
+def watch_collectives(
+    extended: Any,
+    before: Callable[[tf.Tensor], tf.Tensor],
+    after: Callable[[tf.Tensor], tf.Tensor],
+) -> None:
+    """Brackets every collective of MWMS's cross-device ops with callbacks.
+
+    Each launcher (one per local device) of the strategy's gradient ops and
+    of its host-value ops creates its collectives in `all_reduce` and
+    `_all_gather` (batch all-reduce, gather and IndexedSlices go through
+    them). After this, the collective's input is `before(input)` and its
+    result `after(result)`. Call after `replace_multi_worker_cross_device_ops`
+    and before any value is reduced.
+    """
+    for ops in {id(o): o for o in (extended._cross_device_ops, extended._host_cross_device_ops)}.values():
+        for launcher in ops._launchers:
+            all_reduce, all_gather = launcher.all_reduce, launcher._all_gather
+
+            def watched_all_reduce(
+                tensor: Any, control_input: Any = None, options: Any = None, *,
+                _op: Any = all_reduce,
+            ) -> Any:
+                return after(_op(before(tensor), control_input, options))
+
+            def watched_all_gather(tensor: Any, options: Any, *, _op: Any = all_gather) -> Any:
+                return after(_op(before(tensor), options))
+
+            launcher.all_reduce = watched_all_reduce
+            launcher._all_gather = watched_all_gather
 
 
 def replace_multi_worker_cross_device_ops(extended: Any, factory: Any) -> Any:

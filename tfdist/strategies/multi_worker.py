@@ -67,9 +67,12 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     peer is lost, every collective of this process is aborted and
     `WorkerUnavailableError` naming the peer is raised in the thread that
     built the strategy (where `fit` runs), within a few seconds. A peer
-    that is alive but stuck makes each collective fail with TF's
-    `tf.errors.DeadlineExceededError` after `timeout_s`. After either, this
-    process cannot run collectives again: restart the job.
+    that is alive but stuck leaves a collective waiting: after `timeout_s`
+    the same watchdog aborts it with `CollectiveTimeoutError` (also a
+    `tf.errors.DeadlineExceededError`). After either, this process cannot
+    run collectives again: restart the job. (The bound is kept by the
+    watchdog, not by TF's per-op collective timeout, which starts threads
+    for every collective; see the watchdog's module docstring.)
 
     Checkpoints: only the chief (the `chief` task, else `worker:0`) writes
     them. Under Keras 3, `keras.callbacks.BackupAndRestore` and
@@ -141,7 +144,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             peer_watchdog.configure_coordination(config, timeout)
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=bucket_bytes or 0,
-            timeout_seconds=timeout,
+            # No per-op timeout: the watchdog bounds every collective.
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         )
         try:
@@ -168,7 +171,9 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         self._cluster_config = config
         self._watchdog: peer_watchdog.PeerWatchdog | None = None
         if multi_task and config.task is not None:
-            self._watchdog = peer_watchdog.PeerWatchdog(config, timeout_s=timeout)
+            clock = peer_watchdog.CollectiveClock(config.task)
+            tf_private.watch_collectives(self.extended, clock.before, clock.after)
+            self._watchdog = peer_watchdog.PeerWatchdog(config, timeout_s=timeout, clock=clock)
             self._watchdog.start()
             if not self.extended.should_checkpoint:
                 # Only the chief writes checkpoints (see keras_compat).

@@ -20,15 +20,32 @@ in the coordination service's shutdown barrier. tfdist bounds them:
    peer. TF raises that error from C++, so tfdist has TF build it: from
    then on TF's UNAVAILABLE errors in this process are a tfdist subclass
    of both `tfdist.errors.WorkerUnavailableError` and
-   `tf.errors.UnavailableError` (`tf_private.raise_unavailable_errors_as`).
+   `tf.errors.UnavailableError` (`tf_private.raise_errors_as`).
+3. `CollectiveClock` counts this process's cross-worker collectives as
+   they start and finish (two host counters bracketing every collective;
+   `tf_private.watch_collectives`), and the same watchdog thread checks
+   them: a collective that has been in flight for `timeout_s` with no
+   other finishing meanwhile is overdue, and every collective of this
+   process is aborted with `CollectiveTimeoutError` (a subclass of both it
+   and `tf.errors.DeadlineExceededError`). That is how a peer that is alive
+   but stuck (it answers probes, so it is not "lost") ends the job.
+
+   Why not TF's per-collective `timeout`: for each collective op with a
+   timeout, TF 2.21 starts two threads that sleep for the whole timeout,
+   measured at +2 threads per collective per process. A Keras step runs
+   4-5 collectives, so at 50 steps/s and timeout_s=300 a worker would hold
+   ~130,000 sleeping threads, past Linux's default `vm.max_map_count`
+   (65,530 mappings; each thread stack takes two) and `kernel.pid_max`
+   (32,768 on many machines): the process would die within minutes. The
+   counters cost two scalar increments per collective.
 
    Timeline for a killed peer: within `interval_s` + `probe_timeout_s` x
    `attempts` (a few seconds by default, bounded by `timeout_s`) the
    survivor raises; the coordination service's own heartbeat timeout is
    set longer, so tfdist, not TF, reports the loss.
 
-A peer that is alive but stuck answers the probe; its peers then fail on
-TF's collective timeout (`timeout_s`) with TF's `DeadlineExceededError`.
+Timeline for a stuck peer: its peers raise `CollectiveTimeoutError` within
+`timeout_s` + `interval_s` of entering the collective it does not join.
 
 Clean finish: at normal interpreter exit each task records
 `tfdist/finished/<task>` in the coordination service and stops its
@@ -43,6 +60,7 @@ import errno
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +73,7 @@ from tfdist.cluster import ClusterConfig
 from tfdist.cluster import spec as spec_lib
 
 __all__ = [
+    "CollectiveClock",
     "PeerWatchdog",
     "check_own_port",
     "configure_coordination",
@@ -146,22 +165,62 @@ def unreachable_peers(config: ClusterConfig) -> list[str]:
     return names
 
 
+class CollectiveClock:
+    """Counts the cross-worker collectives this process started and finished.
+
+    Contract: built eagerly, inside a strategy scope or not (the counters
+    bypass variable creators); `before` and `after` are called by
+    the launcher wrappers (`tf_private.watch_collectives`) when collectives
+    are created, in a `tf.function` or eagerly; `counts` may be called from
+    any thread at any time.
+
+    Args:
+      task: This process's task; the two int64 counters live on its CPU.
+    """
+
+    def __init__(self, task: spec_lib.TaskSpec) -> None:
+        with tf.init_scope(), tf.device(f"{_device_name(task)}/device:CPU:0"):
+            self._started = tf_private.make_local_counter("tfdist_collectives_started")
+            self._finished = tf_private.make_local_counter("tfdist_collectives_finished")
+
+    def before(self, tensor: tf.Tensor) -> tf.Tensor:
+        """`tensor`, available only after the started count went up."""
+        with tf.control_dependencies([self._started.assign_add(1)]):
+            return tf.identity(tensor)
+
+    def after(self, tensor: tf.Tensor) -> tf.Tensor:
+        """`tensor`; the finished count goes up once it is computed."""
+        with tf.control_dependencies([tensor]):
+            self._finished.assign_add(1)
+        return tensor
+
+    def counts(self) -> tuple[int, int]:
+        """(started, finished) so far; started > finished: one in flight."""
+        return int(self._started.numpy()), int(self._finished.numpy())
+
+
 class PeerWatchdog:
     """Probes peer tasks; on a loss, aborts collectives with a tfdist error.
 
     Contract: `start` once, after the strategy is built (probing needs the
     collective runtime). The watchdog stops by itself after reporting a
-    loss, when `stop` is called, or at normal interpreter exit; it never
-    blocks the process from exiting (daemon thread).
+    loss or an overdue collective, when `stop` is called, or at normal
+    interpreter exit; it never blocks the process from exiting (daemon
+    thread).
 
     Args:
       config: The validated cluster with this process's task.
       timeout_s: The strategy's bound on one collective; detection of a
         killed peer is kept well inside it.
+      clock: This process's collective counters; `None` checks peers only.
     """
 
     def __init__(
-        self, config: ClusterConfig, *, timeout_s: float
+        self,
+        config: ClusterConfig,
+        *,
+        timeout_s: float,
+        clock: CollectiveClock | None = None,
     ) -> None:
         assert config.task is not None
         self._task = config.task
@@ -175,11 +234,16 @@ class PeerWatchdog:
         self._thread = threading.Thread(
             target=self._run, name="tfdist-peer-watchdog", daemon=True
         )
+        self._timeout_s = timeout_s
+        self._clock = clock
+        # (finished count, when first seen with a collective in flight).
+        self._waiting: tuple[int, float] | None = None
         self.lost: str | None = None
+        self.overdue = False
 
     def start(self) -> None:
         """Starts probing; registers the clean-finish hook (see module)."""
-        tf_private.install_unavailable_error_hook()
+        tf_private.install_error_class_hook()
         atexit.register(self._finish_cleanly)
         self._thread.start()
 
@@ -191,7 +255,7 @@ class PeerWatchdog:
 
     def _finish_cleanly(self) -> None:
         self.stop()
-        if self.lost is not None or getattr(sys, "last_value", None) is not None:
+        if self.lost is not None or self.overdue or getattr(sys, "last_value", None) is not None:
             return
         try:
             tf_private.set_cluster_key(_FINISHED_KEY.format(task=self._task.name), "1")
@@ -219,6 +283,9 @@ class PeerWatchdog:
     def _run(self) -> None:
         peers = list(self._peers)
         while peers and not self._stop.wait(self.interval_s):
+            if self._collective_overdue():
+                self._report_overdue(peers)
+                return
             for peer in list(peers):
                 failure = self._probe(peer)
                 if failure is None or self._stop.is_set():
@@ -240,8 +307,46 @@ class PeerWatchdog:
             "--restarts N with keras.callbacks.BackupAndRestore resumes it)."
         )
         logging.error("tfdist: WorkerUnavailableError: %s", message)
-        tf_private.raise_unavailable_errors_as(_lost_peer_error(peer.name))
+        tf_private.raise_errors_as(
+            tf.errors.UNAVAILABLE,
+            _error_class(errors.WorkerUnavailableError, tf.errors.UnavailableError, peer.name),
+        )
         tf_private.abort_collectives(f"tfdist.errors.WorkerUnavailableError: {message}")
+
+    def _collective_overdue(self) -> bool:
+        """Whether one collective has been in flight for over `timeout_s`."""
+        if self._clock is None:
+            return False
+        started, finished = self._clock.counts()
+        now = time.monotonic()
+        if started <= finished:
+            self._waiting = None
+            return False
+        if self._waiting is None or self._waiting[0] != finished:
+            self._waiting = (finished, now)  # In flight since about now.
+            return False
+        return now - self._waiting[1] > self._timeout_s
+
+    def _report_overdue(self, peers: Sequence[spec_lib.TaskSpec]) -> None:
+        self.overdue = True
+        message = (
+            f"a cross-worker collective of task {self._task.name} waited more "
+            f"than timeout_s={self._timeout_s:g} s while its peers "
+            f"({', '.join(p.name for p in peers)}) still answer health probes: "
+            "a peer is alive but not taking part (stuck, far slower than this "
+            "task, or running different collectives: another model, batch "
+            "size or number of steps). All collectives of this process are "
+            "aborted. Check the peers' logs; raise timeout_s if one step can "
+            "legitimately take longer."
+        )
+        logging.error("tfdist: CollectiveTimeoutError: %s", message)
+        tf_private.raise_errors_as(
+            tf.errors.DEADLINE_EXCEEDED,
+            _error_class(errors.CollectiveTimeoutError, tf.errors.DeadlineExceededError, None),
+        )
+        tf_private.abort_collectives(
+            f"tfdist.errors.CollectiveTimeoutError: {message}", tf.errors.DEADLINE_EXCEEDED
+        )
 
 
 def _first_line(error: Exception) -> str:
@@ -249,21 +354,25 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _lost_peer_error(task: str) -> type[tf.errors.UnavailableError]:
-    """TF's UnavailableError as a tfdist `WorkerUnavailableError` for `task`.
+def _error_class(
+    tfdist_class: type[errors.CollectiveError],
+    tf_class: type[tf.errors.OpError],
+    task: str | None,
+) -> type[tf.errors.OpError]:
+    """TF's `tf_class` as a subclass of `tfdist_class` too, for `task`.
 
     TF constructs it (`node_def, op, message, ...`) for the aborted
     collective; `isinstance` holds for both classes, and `task` is set.
     """
 
     def __init__(self: Any, node_def: Any, op: Any, message: str, *args: Any) -> None:
-        tf.errors.UnavailableError.__init__(self, node_def, op, message, *args)
+        tf_class.__init__(self, node_def, op, message, *args)
         self.task = task
 
     return type(
-        "WorkerUnavailableError",
-        (errors.WorkerUnavailableError, tf.errors.UnavailableError),
+        tfdist_class.__name__,
+        (tfdist_class, tf_class),
         # A class attribute too: an instance re-classed by
-        # tf_private.install_unavailable_error_hook skips __init__.
+        # tf_private.install_error_class_hook skips __init__.
         {"__init__": __init__, "__module__": errors.__name__, "task": task},
     )
