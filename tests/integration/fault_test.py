@@ -142,6 +142,74 @@ def _threads_after_collectives(count: int) -> tuple[int, int]:
     return before, threads()
 
 
+def _all_reduce_after_compute(timeout_s: float, compute_s: float) -> float:
+    """In each task: one step that computes for `compute_s`, then all-reduces."""
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
+
+    def slow_identity(v):
+        time.sleep(compute_s)
+        return v
+
+    @tf.function
+    def step(value):
+        def replica_fn(v):
+            v = tf.py_function(slow_identity, [v], tf.float32)
+            v.set_shape([])  # A static shape: tfdist's gradient path.
+            return tf.distribute.get_replica_context().all_reduce("SUM", v)
+
+        return strategy.run(replica_fn, args=(value,))
+
+    return float(strategy.experimental_local_results(step(tf.constant(1.0)))[0].numpy())
+
+
+def _worker_1_never_joins(timeout_s: float) -> dict:
+    """In each task: worker 0 all-reduces a float (tfdist's gradient path);
+    worker 1 stays alive, answering probes, and never joins."""
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
+    if strategy.cluster_config.task.task_id == 1:
+        time.sleep(timeout_s + 10)
+        return {}
+
+    @tf.function
+    def step(value):
+        return strategy.run(
+            lambda v: tf.distribute.get_replica_context().all_reduce("SUM", tf.identity(v)),
+            args=(value,),
+        )
+
+    start = time.monotonic()
+    try:
+        strategy.experimental_local_results(step(tf.constant([1.0])))[0].numpy()
+    except Exception as e:  # What the test asserts on.
+        return {
+            "elapsed": time.monotonic() - start,
+            "is_timeout": isinstance(e, errors.CollectiveTimeoutError)
+            and isinstance(e, tf.errors.DeadlineExceededError),
+            "message": str(e),
+        }
+    return {"elapsed": time.monotonic() - start, "is_timeout": False, "message": ""}
+
+
+class CollectiveBoundTest(tf.test.TestCase):
+    def test_gradient_all_reduce_a_peer_never_joins_times_out(self):
+        timeout_s = 5.0
+        record = tfdist.testing.run_local_cluster(
+            _worker_1_never_joins, num_workers=2, args=(timeout_s,), timeout_s=JOB_LIMIT_S
+        )[0]
+        self.assertTrue(record["is_timeout"], record)
+        self.assertIn("worker:1", record["message"])
+        self.assertGreater(record["elapsed"], timeout_s)
+        self.assertLess(record["elapsed"], timeout_s + MARGIN_S)
+
+    def test_compute_before_a_collective_does_not_count_as_waiting(self):
+        # Both workers compute for longer than timeout_s before the
+        # all-reduce; only time spent in the collective counts.
+        per_task = tfdist.testing.run_local_cluster(
+            _all_reduce_after_compute, num_workers=2, args=(3.0, 6.0), timeout_s=JOB_LIMIT_S
+        )
+        self.assertEqual(list(per_task), [2.0, 2.0])
+
+
 class CollectiveThreadsTest(tf.test.TestCase):
     def test_bounded_collectives_start_no_thread_each(self):
         # TF's per-op collective timeout starts 2 threads per collective that

@@ -36,12 +36,15 @@ Why each import is needed:
   tfdist's cross-worker all-reduce subclasses TF's multi-worker cross-device
   ops (everything but gradient aggregation stays TF's) and launches its
   cross-worker collectives through TF's launcher (group and instance keys,
-  ordering tokens, timeouts), the same engine MWMS uses.
+  ordering tokens), the same engine MWMS uses.
 - `CollectiveReplicaLauncher.all_reduce` / `_all_gather`, wrapped per
-  launcher instance (`watch_collectives`): every cross-worker collective
-  is created there, so tfdist brackets each with the started/finished
-  counters its watchdog reads, instead of TF's per-op `timeout`, which
-  starts a thread per collective that sleeps for the whole timeout.
+  launcher instance (`watch_collectives`): every collective of training
+  (gradients, metrics, gathers, input `has_value` checks) is created
+  there, so tfdist brackets each with the started/finished counters its
+  watchdog reads, instead of TF's per-op `timeout`, which starts two
+  threads per collective that sleep for the whole timeout. (The one-time
+  broadcast of initial variable values calls TF's collective ops directly
+  and, as in TF, has no bound but the lost-peer probes.)
 - `errors_impl._CODE_TO_EXCEPTION_CLASS` and
   `atomic_function.InterpolateRuntimeError.__exit__`: after the watchdog
   declares a peer lost (or a collective overdue), TF's UNAVAILABLE (or
@@ -295,21 +298,26 @@ def collective_all_gather(ops: Any, tensor: tf.Tensor, options: Any) -> tf.Tenso
     return ops._launchers[0]._all_gather(tensor, options)
 
 
+def multi_worker_collective_ops(extended: Any) -> tuple[Any, ...]:
+    """MWMS's own `CollectiveAllReduce`s: for gradients and for host values."""
+    return (extended._cross_device_ops, extended._host_cross_device_ops)
+
+
 def watch_collectives(
-    extended: Any,
+    collective_ops: Sequence[Any],
     before: Callable[[tf.Tensor], tf.Tensor],
     after: Callable[[tf.Tensor], tf.Tensor],
 ) -> None:
-    """Brackets every collective of MWMS's cross-device ops with callbacks.
+    """Brackets every collective launched by `collective_ops` with callbacks.
 
-    Each launcher (one per local device) of the strategy's gradient ops and
-    of its host-value ops creates its collectives in `all_reduce` and
-    `_all_gather` (batch all-reduce, gather and IndexedSlices go through
-    them). After this, the collective's input is `before(input)` and its
-    result `after(result)`. Call after `replace_multi_worker_cross_device_ops`
-    and before any value is reduced.
+    Each launcher (one per local device) of a TF `CollectiveAllReduce`
+    creates its collectives in `all_reduce` and `_all_gather` (batch
+    all-reduce, gather and IndexedSlices go through them). After this, the
+    collective's input is `before(input)` and its result `after(result)`.
+    Call before any value is reduced; an object listed twice is wrapped
+    once.
     """
-    for ops in {id(o): o for o in (extended._cross_device_ops, extended._host_cross_device_ops)}.values():
+    for ops in {id(o): o for o in collective_ops}.values():
         for launcher in ops._launchers:
             all_reduce, all_gather = launcher.all_reduce, launcher._all_gather
 

@@ -54,7 +54,7 @@ class HierarchicalAllReduce(tf_private.CollectiveAllReduce):  # type: ignore[mis
     Args:
       devices: This worker's local devices (one replica each).
       num_workers: Workers in the cluster.
-      options: TF's `CommunicationOptions` (timeout, implementation).
+      options: TF's `CommunicationOptions` (implementation, pack size).
       collective_keys: The strategy's `CollectiveKeys`.
       algorithm: tfdist's local algorithm (see `AllReduce`).
       bucket_bytes: Byte cap of a bucket, or `None` for one per tensor.
@@ -93,6 +93,16 @@ class HierarchicalAllReduce(tf_private.CollectiveAllReduce):  # type: ignore[mis
     @property
     def compression(self) -> cross_device_ops.Compression:
         return self._compression
+
+    @property
+    def collective_ops(self) -> tuple[Any, ...]:
+        """Every TF `CollectiveAllReduce` whose launchers this object uses.
+
+        Itself (TF's path for everything but dense gradients) and the
+        one-device group that carries gradient buckets across workers; a
+        watcher of cross-worker collectives must wrap both.
+        """
+        return (self, self._cross)
 
     def reduce_implementation(
         self, reduce_op: Any, per_replica_value: Any, destinations: Any, options: Any

@@ -144,7 +144,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             peer_watchdog.configure_coordination(config, timeout)
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=bucket_bytes or 0,
-            # No per-op timeout: the watchdog bounds every collective.
+            # No per-op timeout: the watchdog bounds the collectives.
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         )
         try:
@@ -172,7 +172,14 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         self._watchdog: peer_watchdog.PeerWatchdog | None = None
         if multi_task and config.task is not None:
             clock = peer_watchdog.CollectiveClock(config.task)
-            tf_private.watch_collectives(self.extended, clock.before, clock.after)
+            tf_private.watch_collectives(
+                [
+                    *tf_private.multi_worker_collective_ops(self.extended),
+                    *self._gradient_ops.collective_ops,
+                ],
+                clock.before,
+                clock.after,
+            )
             self._watchdog = peer_watchdog.PeerWatchdog(config, timeout_s=timeout, clock=clock)
             self._watchdog.start()
             if not self.extended.should_checkpoint:

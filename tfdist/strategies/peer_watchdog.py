@@ -21,31 +21,34 @@ in the coordination service's shutdown barrier. tfdist bounds them:
    then on TF's UNAVAILABLE errors in this process are a tfdist subclass
    of both `tfdist.errors.WorkerUnavailableError` and
    `tf.errors.UnavailableError` (`tf_private.raise_errors_as`).
-3. `CollectiveClock` counts this process's cross-worker collectives as
-   they start and finish (two host counters bracketing every collective;
-   `tf_private.watch_collectives`), and the same watchdog thread checks
-   them: a collective that has been in flight for `timeout_s` with no
-   other finishing meanwhile is overdue, and every collective of this
-   process is aborted with `CollectiveTimeoutError` (a subclass of both it
-   and `tf.errors.DeadlineExceededError`). That is how a peer that is alive
-   but stuck (it answers probes, so it is not "lost") ends the job.
-
-   Why not TF's per-collective `timeout`: for each collective op with a
-   timeout, TF 2.21 starts two threads that sleep for the whole timeout,
-   measured at +2 threads per collective per process. A Keras step runs
-   4-5 collectives, so at 50 steps/s and timeout_s=300 a worker would hold
-   ~130,000 sleeping threads, past Linux's default `vm.max_map_count`
-   (65,530 mappings; each thread stack takes two) and `kernel.pid_max`
-   (32,768 on many machines): the process would die within minutes. The
-   counters cost two scalar increments per collective.
 
    Timeline for a killed peer: within `interval_s` + `probe_timeout_s` x
    `attempts` (a few seconds by default, bounded by `timeout_s`) the
    survivor raises; the coordination service's own heartbeat timeout is
    set longer, so tfdist, not TF, reports the loss.
 
-Timeline for a stuck peer: its peers raise `CollectiveTimeoutError` within
-`timeout_s` + `interval_s` of entering the collective it does not join.
+3. `CollectiveClock` counts this process's cross-worker collectives as
+   they start and finish (two host counters bracketing every collective
+   of training; `tf_private.watch_collectives`), and the same watchdog
+   thread checks them: a collective whose input has been ready for
+   `timeout_s` with no collective finishing meanwhile is overdue, and
+   every collective of this process is aborted with
+   `CollectiveTimeoutError` (a subclass of both it and
+   `tf.errors.DeadlineExceededError`). That is how a peer that is alive
+   but stuck (it answers probes, so it is not "lost") ends the job.
+
+   Why not TF's per-collective `timeout`: for each collective op with a
+   timeout, TF 2.21 starts two threads that sleep for the whole timeout,
+   measured at +2 threads per collective per process. A Keras step runs
+   4-5 collectives, so at 50 steps/s and timeout_s=300 a worker would hold
+   120,000-150,000 sleeping threads, past Linux's default `vm.max_map_count`
+   (65,530 mappings; each thread stack takes two) and `kernel.pid_max`
+   (32,768 on many machines): the process would die within minutes. The
+   counters cost two scalar increments per collective.
+
+Timeline for a stuck peer: its peers raise `CollectiveTimeoutError`
+between `timeout_s` and `timeout_s` + 2 x (`interval_s` + one probe round)
+after entering the collective it does not join.
 
 Clean finish: at normal interpreter exit each task records
 `tfdist/finished/<task>` in the coordination service and stops its
@@ -184,8 +187,15 @@ class CollectiveClock:
             self._finished = tf_private.make_local_counter("tfdist_collectives_finished")
 
     def before(self, tensor: tf.Tensor) -> tf.Tensor:
-        """`tensor`, available only after the started count went up."""
-        with tf.control_dependencies([self._started.assign_add(1)]):
+        """`tensor`, passed on once computed and counted as started.
+
+        The count goes up only after `tensor` exists (so the compute that
+        produces a collective's input is not counted as waiting) and before
+        the collective can read it.
+        """
+        with tf.control_dependencies([tensor]):
+            started = self._started.assign_add(1)
+        with tf.control_dependencies([started]):
             return tf.identity(tensor)
 
     def after(self, tensor: tf.Tensor) -> tf.Tensor:
