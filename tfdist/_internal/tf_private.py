@@ -264,10 +264,28 @@ def install_error_class_hook() -> None:
         pair = _error_classes.get(getattr(exc, "error_code", None))  # type: ignore[arg-type]
         if pair is not None and type(exc) is pair[0]:
             exc.__class__ = pair[1]
+        if exc is not None:
+            for callback in list(_function_error_callbacks):
+                callback()
         return original_exit(self, typ, exc, tb)
 
     interpolate._tfdist_original_exit = original_exit
     interpolate.__exit__ = exit_with_error_class
+
+
+#: Called after any `tf.function` call raises (see `on_function_error`).
+_function_error_callbacks: list[Callable[[], None]] = []
+
+
+def on_function_error(callback: Callable[[], None]) -> Callable[[], None]:
+    """Calls `callback()` each time a `tf.function` call raises.
+
+    Needs `install_error_class_hook`; runs in the thread that made the call,
+    before the error reaches its caller. Returns a function that removes
+    `callback`.
+    """
+    _function_error_callbacks.append(callback)
+    return lambda: _function_error_callbacks.remove(callback)
 
 
 def raise_errors_as(code: int, error_class: type[tf.errors.OpError]) -> None:
@@ -307,16 +325,28 @@ def watch_collectives(
     collective_ops: Sequence[Any],
     before: Callable[[tf.Tensor], tf.Tensor],
     after: Callable[[tf.Tensor], tf.Tensor],
+    on_eager_error: Callable[[], None],
 ) -> None:
     """Brackets every collective launched by `collective_ops` with callbacks.
 
     Each launcher (one per local device) of a TF `CollectiveAllReduce`
     creates its collectives in `all_reduce` and `_all_gather` (batch
     all-reduce, gather and IndexedSlices go through them). After this, the
-    collective's input is `before(input)` and its result `after(result)`.
-    Call before any value is reduced; an object listed twice is wrapped
-    once.
+    collective's input is `before(input)` and its result `after(result)`;
+    an eager collective that raises calls `on_eager_error()` instead of
+    `after` (in a `tf.function`, see `on_function_error`). Call before any
+    value is reduced; an object listed twice is wrapped once.
     """
+
+    def bracket(op: Callable[..., Any], tensor: Any, *args: Any) -> Any:
+        tensor = before(tensor)
+        try:
+            result = op(tensor, *args)
+        except tf.errors.OpError:  # Only eager ops raise here.
+            on_eager_error()
+            raise
+        return after(result)
+
     for ops in {id(o): o for o in collective_ops}.values():
         for launcher in ops._launchers:
             all_reduce, all_gather = launcher.all_reduce, launcher._all_gather
@@ -325,10 +355,10 @@ def watch_collectives(
                 tensor: Any, control_input: Any = None, options: Any = None, *,
                 _op: Any = all_reduce,
             ) -> Any:
-                return after(_op(before(tensor), control_input, options))
+                return bracket(_op, tensor, control_input, options)
 
             def watched_all_gather(tensor: Any, options: Any, *, _op: Any = all_gather) -> Any:
-                return after(_op(before(tensor), options))
+                return bracket(_op, tensor, options)
 
             launcher.all_reduce = watched_all_reduce
             launcher._all_gather = watched_all_gather

@@ -171,7 +171,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         self._cluster_config = config
         self._watchdog: peer_watchdog.PeerWatchdog | None = None
         if multi_task and config.task is not None:
-            clock = peer_watchdog.CollectiveClock(config.task)
+            clock = peer_watchdog.CollectiveClock(peer_watchdog.host_device(config.task))
             tf_private.watch_collectives(
                 [
                     *tf_private.multi_worker_collective_ops(self.extended),
@@ -179,6 +179,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 ],
                 clock.before,
                 clock.after,
+                clock.resync,
             )
             self._watchdog = peer_watchdog.PeerWatchdog(config, timeout_s=timeout, clock=clock)
             self._watchdog.start()

@@ -78,6 +78,7 @@ from tfdist.cluster import spec as spec_lib
 __all__ = [
     "CollectiveClock",
     "PeerWatchdog",
+    "host_device",
     "check_own_port",
     "configure_coordination",
     "unreachable_peers",
@@ -177,12 +178,17 @@ class CollectiveClock:
     are created, in a `tf.function` or eagerly; `counts` may be called from
     any thread at any time.
 
+    A call that fails can leave collectives counted as started that will
+    never finish; `resync` (called by the watchdog after any failed
+    `tf.function` call or eager collective, when none of them can still be
+    running) forgets them.
+
     Args:
-      task: This process's task; the two int64 counters live on its CPU.
+      device: Where the two int64 counters live (`host_device(task)`).
     """
 
-    def __init__(self, task: spec_lib.TaskSpec) -> None:
-        with tf.init_scope(), tf.device(f"{_device_name(task)}/device:CPU:0"):
+    def __init__(self, device: str) -> None:
+        with tf.init_scope(), tf.device(device):
             self._started = tf_private.make_local_counter("tfdist_collectives_started")
             self._finished = tf_private.make_local_counter("tfdist_collectives_finished")
 
@@ -207,6 +213,15 @@ class CollectiveClock:
     def counts(self) -> tuple[int, int]:
         """(started, finished) so far; started > finished: one in flight."""
         return int(self._started.numpy()), int(self._finished.numpy())
+
+    def resync(self) -> None:
+        """Counts every started collective as finished (see class docstring)."""
+        self._finished.assign(self._started.read_value())
+
+
+def host_device(task: spec_lib.TaskSpec) -> str:
+    """The CPU of `task`, as a device string."""
+    return f"{_device_name(task)}/device:CPU:0"
 
 
 class PeerWatchdog:
@@ -254,6 +269,8 @@ class PeerWatchdog:
     def start(self) -> None:
         """Starts probing; registers the clean-finish hook (see module)."""
         tf_private.install_error_class_hook()
+        if self._clock is not None:
+            tf_private.on_function_error(self._clock.resync)
         atexit.register(self._finish_cleanly)
         self._thread.start()
 
