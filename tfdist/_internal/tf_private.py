@@ -50,9 +50,11 @@ Why each import is needed:
   declares a peer lost (or a collective overdue), TF's UNAVAILABLE (or
   DEADLINE_EXCEEDED) errors (the aborted collectives, raised from C++
   inside `fit`, where no tfdist code runs) become a tfdist subclass of
-  TF's error class, so `fit` raises a tfdist error. Eager ops build errors from the first; `tf.function` calls get
-  theirs from TF's C++ registry, which cannot be re-initialized, and pass
-  them through the second, where the instance is re-classed.
+  TF's error class, so `fit` raises a tfdist error. Eager ops build errors
+  from the first; `tf.function` calls get theirs from TF's C++ registry,
+  which cannot be re-initialized, and pass them through the second, where
+  the instance is re-classed (and where a failed call tells the watchdog's
+  counters, `on_function_error`).
 """
 
 from __future__ import annotations
@@ -316,9 +318,9 @@ def collective_all_gather(ops: Any, tensor: tf.Tensor, options: Any) -> tf.Tenso
     return ops._launchers[0]._all_gather(tensor, options)
 
 
-def multi_worker_collective_ops(extended: Any) -> tuple[Any, ...]:
-    """MWMS's own `CollectiveAllReduce`s: for gradients and for host values."""
-    return (extended._cross_device_ops, extended._host_cross_device_ops)
+def host_collective_ops(extended: Any) -> Any:
+    """MWMS's `CollectiveAllReduce` for values on the host (e.g. metrics)."""
+    return extended._host_cross_device_ops
 
 
 def watch_collectives(
@@ -334,8 +336,8 @@ def watch_collectives(
     all-reduce, gather and IndexedSlices go through them). After this, the
     collective's input is `before(input)` and its result `after(result)`;
     an eager collective that raises calls `on_eager_error()` instead of
-    `after` (in a `tf.function`, see `on_function_error`). Call before any
-    value is reduced; an object listed twice is wrapped once.
+    `after` (in a `tf.function`, see `on_function_error`). Call once per
+    object, before any value is reduced.
     """
 
     def bracket(op: Callable[..., Any], tensor: Any, *args: Any) -> Any:
@@ -347,7 +349,7 @@ def watch_collectives(
             raise
         return after(result)
 
-    for ops in {id(o): o for o in collective_ops}.values():
+    for ops in collective_ops:
         for launcher in ops._launchers:
             all_reduce, all_gather = launcher.all_reduce, launcher._all_gather
 

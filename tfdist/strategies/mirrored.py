@@ -83,9 +83,9 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         (sums stay in float32).
       cost_model: A `tfdist.collectives.CostModel` for "auto"; by default it
         is calibrated on `devices` at the first step.
-      update_once_on_host: Apply each variable update once (see the module
-        docstring; on host memory the replicas also share one buffer per
-        variable). `None`: only when every device is a CPU of this process.
+      update_once_on_host: Apply each variable update once and copy it to
+        the other devices (see the module docstring). `None`: only when
+        every device is a CPU of this process.
       shard_options: `None` to split each batch of a plain dataset over the
         replicas (`tfdist.data.split_batches`), or a
         `tfdist.data.ShardOptions` to shard it with `tfdist.data.shard`.
@@ -191,7 +191,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
 
 
 class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
-    """TF's MirroredExtended with the host-memory paths of the module docstring."""
+    """TF's MirroredExtended with the update-once path for host memory."""
 
     def __init__(
         self,

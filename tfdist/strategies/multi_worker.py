@@ -171,17 +171,14 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         self._cluster_config = config
         self._watchdog: peer_watchdog.PeerWatchdog | None = None
         if multi_task and config.task is not None:
-            clock = peer_watchdog.CollectiveClock(peer_watchdog.host_device(config.task))
-            tf_private.watch_collectives(
-                [
-                    *tf_private.multi_worker_collective_ops(self.extended),
+            self._watchdog = peer_watchdog.PeerWatchdog(
+                config,
+                timeout_s=timeout,
+                collective_ops=[
+                    tf_private.host_collective_ops(self.extended),
                     *self._gradient_ops.collective_ops,
                 ],
-                clock.before,
-                clock.after,
-                clock.resync,
             )
-            self._watchdog = peer_watchdog.PeerWatchdog(config, timeout_s=timeout, clock=clock)
             self._watchdog.start()
             if not self.extended.should_checkpoint:
                 # Only the chief writes checkpoints (see keras_compat).

@@ -78,7 +78,6 @@ from tfdist.cluster import spec as spec_lib
 __all__ = [
     "CollectiveClock",
     "PeerWatchdog",
-    "host_device",
     "check_own_port",
     "configure_coordination",
     "unreachable_peers",
@@ -184,7 +183,7 @@ class CollectiveClock:
     running) forgets them.
 
     Args:
-      device: Where the two int64 counters live (`host_device(task)`).
+      device: Where the two int64 counters live (this task's CPU).
     """
 
     def __init__(self, device: str) -> None:
@@ -219,11 +218,6 @@ class CollectiveClock:
         self._finished.assign(self._started.read_value())
 
 
-def host_device(task: spec_lib.TaskSpec) -> str:
-    """The CPU of `task`, as a device string."""
-    return f"{_device_name(task)}/device:CPU:0"
-
-
 class PeerWatchdog:
     """Probes peer tasks; on a loss, aborts collectives with a tfdist error.
 
@@ -237,7 +231,10 @@ class PeerWatchdog:
       config: The validated cluster with this process's task.
       timeout_s: The strategy's bound on one collective; detection of a
         killed peer is kept well inside it.
-      clock: This process's collective counters; `None` checks peers only.
+      collective_ops: TF `CollectiveAllReduce`s whose collectives to bound
+        by `timeout_s` (a `CollectiveClock` is wrapped around their
+        launchers here, before any value is reduced); empty: probe peers
+        only.
     """
 
     def __init__(
@@ -245,7 +242,7 @@ class PeerWatchdog:
         config: ClusterConfig,
         *,
         timeout_s: float,
-        clock: CollectiveClock | None = None,
+        collective_ops: Sequence[Any] = (),
     ) -> None:
         assert config.task is not None
         self._task = config.task
@@ -260,7 +257,13 @@ class PeerWatchdog:
             target=self._run, name="tfdist-peer-watchdog", daemon=True
         )
         self._timeout_s = timeout_s
-        self._clock = clock
+        self._clock: CollectiveClock | None = None
+        if collective_ops:
+            clock = CollectiveClock(f"{_device_name(config.task)}/device:CPU:0")
+            tf_private.watch_collectives(
+                collective_ops, clock.before, clock.after, clock.resync
+            )
+            self._clock = clock
         # (finished count, when first seen with a collective in flight).
         self._waiting: tuple[int, float] | None = None
         self.lost: str | None = None

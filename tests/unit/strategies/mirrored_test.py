@@ -94,22 +94,22 @@ class UpdateOnceTest(tf.test.TestCase):
         # values; this proves they are applied once (on the first device's
         # copy of every Adam slot), not once per device.
         model = _fit(tfdist.MirroredStrategy(DEVICES, update_once_on_host=True))
-        slots = _first_moments(model.optimizer)
-        self.assertNotEmpty(slots)
-        for slot in slots:
-            first, *others = _components(model, slot)
+        for first, *others in self._first_moment_copies(model):
             self.assertGreater(np.abs(first).max(), 0.0)
             for other in others:
                 self.assertAllEqual(other, np.zeros_like(first))
 
     def test_per_device_updates_without_update_once(self):
         model = _fit(tfdist.MirroredStrategy(DEVICES, update_once_on_host=False))
-        slots = _first_moments(model.optimizer)
-        self.assertNotEmpty(slots)
-        for slot in slots:
-            first, *others = _components(model, slot)
+        for first, *others in self._first_moment_copies(model):
             for other in others:
                 self.assertAllEqual(other, first)
+
+    def _first_moment_copies(self, model):
+        """Per-device values of each Adam first-moment slot (at least one)."""
+        slots = _first_moments(model.optimizer)
+        self.assertNotEmpty(slots)
+        return [_components(model, slot) for slot in slots]
 
 
 def _first_moments(optimizer):
