@@ -34,7 +34,14 @@ __all__ = [
 
 
 class TfdistError(Exception):
-    """Base class for every error tfdist raises on purpose."""
+    """Base class for every error tfdist raises on purpose.
+
+    Instances pickle with their attributes (e.g. `task`, `field`), so an
+    error raised in a child process arrives whole in its parent.
+    """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), self.args, self.__dict__ or None)
 
 
 class ConfigError(TfdistError, ValueError):

@@ -8,8 +8,8 @@ The dataset size does not divide the global batch. Two ways in:
    sharder's `normalize_padded_loss` weights of `global_batch_size / M_k`
    make that step train on the mean loss of its M_k real examples.
 2. A plain batched dataset given to `fit` (`PlainDatasetFitTest`): the
-   strategy shards it itself (`tfdist/strategies/_input.py`), by default
-   with `split_batches`, or with `shard` given `ShardOptions`. The last
+   strategy shards it itself (`tfdist/input/`), by default by cutting
+   each global batch, or with `shard_steps` given `ShardOptions`. The last
    step's rows split unevenly over the 4 replicas, with no padding rows:
    training, unweighted metrics and `predict` must equal one device
    fitting the same batches.
@@ -254,14 +254,6 @@ class PlainDatasetFitTest(tf.test.TestCase, parameterized.TestCase):
             histories[1]["loss"], histories[0]["loss"], rtol=1e-5
         )
 
-    def test_padded_shard_options_train_exactly(self):
-        x, y, single_device, distributed, _ = self._fit_both(
-            70, tfdist.data.ShardOptions(shuffle=False, remainder="pad")
-        )
-        numerics.assert_weights_close(
-            distributed, single_device, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL
-        )
-
 
 class ShardOptionsTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(
@@ -270,6 +262,12 @@ class ShardOptionsTest(tf.test.TestCase, parameterized.TestCase):
             kwargs=dict(remainder="drop"),
             error=tfdist.errors.ConfigError,
             text="drop_remainder=True",
+        ),
+        dict(
+            testcase_name="pad",
+            kwargs=dict(remainder="pad"),
+            error=tfdist.errors.ConfigError,
+            text="remainder='split'",
         ),
         dict(
             testcase_name="unknown_remainder",

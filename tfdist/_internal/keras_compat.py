@@ -24,11 +24,12 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["redirect_non_chief_checkpoints"]
+__all__ = ["keras_train_step", "redirect_non_chief_checkpoints"]
 
 _PATCHED = "_tfdist_non_chief_task"
 
@@ -88,3 +89,38 @@ def redirect_non_chief_checkpoints(task_name: str) -> bool:
     setattr(backup, _PATCHED, task_name)
     setattr(checkpoint, _PATCHED, task_name)
     return True
+
+
+# --------------------------------------------------------------------------
+# Recognising Keras's own training step inside `strategy.run`.
+
+#: tf-keras's per-step closure (Model.make_train_function) that calls
+#: `model.train_step(data)` inside `strategy.run`.
+_TF_KERAS_RUN_STEP = "Model.make_train_function.<locals>.step_function.<locals>.run_step"
+
+
+def keras_train_step(fn: Callable[..., Any]) -> tuple[Any, bool] | None:
+    """Whether `strategy.run(fn, ...)` is a step of Keras's `fit`.
+
+    Keras 3's `fit` calls `strategy.run(model.train_step, (data,))`;
+    tf-keras's calls it with a closure that calls `model.train_step(data)`.
+
+    Returns:
+      None if `fn` is neither; else `(model, builtin)`, where `builtin` says
+      the model's `train_step` is Keras's own (not a user's override, which
+      may unpack its data in its own way).
+    """
+    model = getattr(fn, "__self__", None)
+    if model is not None and getattr(fn, "__name__", None) == "train_step":
+        trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
+        if trainer is not None and isinstance(model, trainer.TensorFlowTrainer):
+            return model, fn.__func__ is trainer.TensorFlowTrainer.train_step
+        return None
+    if getattr(fn, "__qualname__", None) != _TF_KERAS_RUN_STEP:
+        return None
+    training = sys.modules.get("tf_keras.src.engine.training")
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    if training is None or "model" not in cells:
+        return None
+    model = cells["model"].cell_contents
+    return model, type(model).train_step is training.Model.train_step

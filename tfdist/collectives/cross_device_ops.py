@@ -35,7 +35,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import errors
-from tfdist._internal import tf_private
+from tfdist._internal import cross_device
 from tfdist._internal import validation
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
@@ -204,7 +204,7 @@ class AllReduce(tf.distribute.CrossDeviceOps):
             )
         per_device = [list(value.values) for value, _ in pairs]
         results = self._all_reduce(reduce_op, per_device, devices)
-        return [tf_private.make_mirrored(result) for result in results]
+        return [cross_device.make_mirrored(result) for result in results]
 
     def _gather_implementation(
         self, per_replica_value: Any, destinations: Any, axis: int, options: Any
@@ -213,7 +213,7 @@ class AllReduce(tf.distribute.CrossDeviceOps):
         # ReplicaContext.all_gather; the public base raises NotImplementedError.
         values = list(per_replica_value.values)
         sources = [v.device for v in values]
-        devices = tf_private.destination_devices(destinations, per_replica_value)
+        devices = cross_device.destination_devices(destinations, per_replica_value)
         gathered = []
         for device in devices:
             with tf.device(device):
@@ -223,7 +223,7 @@ class AllReduce(tf.distribute.CrossDeviceOps):
                         axis=axis,
                     )
                 )
-        return tf_private.make_mirrored(gathered)
+        return cross_device.make_mirrored(gathered)
 
     # -- implementation ------------------------------------------------------
 
@@ -431,10 +431,10 @@ def common_all_reduce_devices(pairs: list[tuple[Any, Any]]) -> tuple[str, ...] |
     """The shared device list if every pair is an all-reduce over it."""
     devices = None
     for value, destinations in pairs:
-        if not tf_private.is_distributed_value(value):
+        if not cross_device.is_distributed_value(value):
             return None
-        value_devices = tf_private.destination_devices(None, value)
-        target = tf_private.destination_devices(destinations, value)
+        value_devices = cross_device.destination_devices(None, value)
+        target = cross_device.destination_devices(destinations, value)
         if set(target) != set(value_devices) or len(target) != len(value_devices):
             return None
         if devices is None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist._internal import tf_private
+from tfdist._internal import cross_device
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
 from tfdist.collectives import cross_device_ops
@@ -43,7 +43,7 @@ from tfdist.collectives import cross_device_ops
 __all__ = ["HierarchicalAllReduce"]
 
 
-class HierarchicalAllReduce(tf_private.CollectiveAllReduce):  # type: ignore[misc]
+class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[misc]
     """TF's multi-worker `CollectiveAllReduce` with tfdist's gradient path.
 
     Contract: built by `tfdist.MultiWorkerMirroredStrategy` after TF's
@@ -83,7 +83,7 @@ class HierarchicalAllReduce(tf_private.CollectiveAllReduce):  # type: ignore[mis
         )
         self._local = cross_device_ops.AllReduce(algorithm, bucket_bytes=None)
         self._num_workers = num_workers
-        self._cross = tf_private.CollectiveAllReduce(
+        self._cross = cross_device.CollectiveAllReduce(
             devices=list(devices[:1]),
             group_size=num_workers,
             options=options,
@@ -163,7 +163,7 @@ class HierarchicalAllReduce(tf_private.CollectiveAllReduce):  # type: ignore[mis
             for d, device in enumerate(devices):
                 for k, piece in zip(bucket.indices, _packing.unpack(reduced[d], bucket, device)):
                     results[k][d] = piece
-        return [tf_private.make_mirrored(result) for result in results]
+        return [cross_device.make_mirrored(result) for result in results]
 
     def _reduce_bucket(
         self,
@@ -181,7 +181,7 @@ class HierarchicalAllReduce(tf_private.CollectiveAllReduce):  # type: ignore[mis
         wire = self._compression.wire_dtype
         with tf.device(first):
             if wire is None or local.dtype.size <= wire.size:
-                total = tf_private.collective_all_reduce(self._cross, local, options)
+                total = cross_device.collective_all_reduce(self._cross, local, options)
             else:
                 gathered = _all_gather_as(wire, self._cross, local, options)
                 total = tf.reduce_sum(
@@ -201,9 +201,9 @@ def _all_gather_as(wire: tf.DType, ops: Any, value: tf.Tensor, options: Any) -> 
     """
     compressed = tf.cast(value, wire)
     if wire == tf.bfloat16:
-        gathered = tf_private.collective_all_gather(
+        gathered = cross_device.collective_all_gather(
             ops, tf.bitcast(compressed, tf.float16), options
         )
         return tf.bitcast(gathered, tf.bfloat16)
-    return tf_private.collective_all_gather(ops, compressed, options)
+    return cross_device.collective_all_gather(ops, compressed, options)
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfdist._internal import tf_private
+from tfdist._internal import variables
 from tfdist.data import _permutation
 from tfdist.data import _plan
 
@@ -121,7 +121,7 @@ def iterations(schedule: EpochSchedule) -> tf.data.Dataset:
     zero = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
     if not schedule.reshuffle_each_iteration:
         return zero
-    counter = tf_private.make_local_counter("tfdist_data_iteration")
+    counter = variables.make_local_counter("tfdist_data_iteration")
 
     @_no_autograph
     def next_iteration(unused: tf.Tensor) -> tf.Tensor:

@@ -3,11 +3,13 @@
 tfdist strategies distribute a batched dataset given to `model.fit`,
 `evaluate` or `predict` themselves, never with TF's auto-sharding:
 
-- by default (`shard_options=None`) with `split_batches`, which keeps the
-  user's pipeline and cuts every global batch over the replicas exactly;
+- by default (`shard_options=None`) keeping the user's pipeline (one copy
+  per worker) and cutting every global batch over the replicas;
 - with `shard_options=ShardOptions(...)` by unbatching the dataset and
-  running `shard` on it: a deterministic per-epoch reshuffle computed by
-  tfdist, resumable at `(epoch, start_step)`.
+  sharding it with `shard_steps` (`shard`'s element policy, a step at a
+  time): a deterministic per-epoch reshuffle computed by tfdist, the same
+  on every worker without communication, resumable at
+  `(epoch, start_step)`.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ class ShardOptions:
     Attributes:
       seed: Seed of the permutations; the same on every worker.
       shuffle: Reshuffle per epoch (deterministically from `seed`).
-      remainder: "split" (default; no padding rows, see
-        `Remainder.SPLIT`), "pad" or "error". "drop" is refused: Keras
-        counts the steps of the batched dataset, so batch it with
-        `drop_remainder=True` instead.
+      remainder: "split" (default: each replica gets the last step's real
+        rows, as evenly as they divide) or "error" (refuse data that does
+        not fill every step). "drop" and "pad" are refused: Keras counts
+        the steps of the batched dataset (batch it with
+        `drop_remainder=True` to drop the tail), and a strategy never
+        needs padding rows.
       epoch: Epoch of the first iterator (`None`: 0).
       start_step: Global step within `epoch` to start at.
       max_in_memory_bytes: See `shard`.
@@ -80,9 +84,16 @@ class ShardOptions:
                 "which includes the last partial batch. Batch the dataset "
                 "with drop_remainder=True instead, or use remainder='split'."
             )
-        validation.check_one_of(
-            "remainder", value, ["split", "pad", "error"]
-        )
+        if value == sharding.Remainder.PAD.value:
+            raise errors.ConfigError(
+                "ShardOptions(remainder='pad') is not supported: a strategy "
+                "gives each replica the real rows of the last step and "
+                "weights them so training equals one device, so it never "
+                "needs padding rows. Use remainder='split' (the default); "
+                "remainder='pad' is for tfdist.data.shard in your own "
+                "dataset_fn."
+            )
+        validation.check_one_of("remainder", value, ["split", "error"])
         if self.epoch is not None:
             validation.check_non_negative_int("epoch", self.epoch)
         validation.check_non_negative_int("start_step", self.start_step)
@@ -90,19 +101,23 @@ class ShardOptions:
             "max_in_memory_bytes", self.max_in_memory_bytes
         )
 
-    def shard(
+    def shard_steps(
         self,
         unbatched: tf.data.Dataset,
         input_context: tf.distribute.InputContext,
         *,
         global_batch_size: int,
     ) -> tf.data.Dataset:
-        """Returns `shard(unbatched, input_context, ...)` with these options."""
+        """Returns `shard_steps(unbatched, input_context, ...)` with these options.
+
+        Raises:
+          ConfigError: For `remainder="pad"`, which strategies do not use
+            (they give each replica the last step's real rows).
+        """
         kwargs: dict[str, Any] = dataclasses.asdict(self)
-        return sharding.shard(
+        return sharding.shard_steps(
             unbatched,
             input_context,
             global_batch_size=global_batch_size,
-            policy=sharding.ShardPolicy.ELEMENT,
             **kwargs,
         )

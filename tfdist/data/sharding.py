@@ -107,13 +107,14 @@ from tfdist.data import _checks
 from tfdist.data import _pipeline
 from tfdist.data import _plan
 from tfdist.data import _source
-from tfdist.data import _weights
+from tfdist.data import row_weights
 
 __all__ = [
     "DEFAULT_MAX_IN_MEMORY_BYTES",
     "Remainder",
     "ShardPolicy",
     "shard",
+    "shard_steps",
 ]
 
 #: Element policy: datasets estimated at most this large are held in memory.
@@ -287,6 +288,108 @@ def shard(
       dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
       ```
     """
+    _checks.check_bool("normalize_padded_loss", normalize_padded_loss)
+    batches, layout, remainder, _ = _real_row_batches(
+        dataset,
+        input_context,
+        global_batch_size=global_batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        policy=policy,
+        remainder=remainder,
+        epoch=epoch,
+        start_step=start_step,
+        reshuffle_each_iteration=reshuffle_each_iteration,
+        parse_fn=parse_fn,
+        reader=reader,
+        max_in_memory_bytes=max_in_memory_bytes,
+    )
+    return _finish(
+        batches,
+        remainder,
+        layout=layout,
+        normalize_padded_loss=normalize_padded_loss,
+    )
+
+
+def shard_steps(
+    dataset: tf.data.Dataset,
+    input_context: tf.distribute.InputContext | None,
+    *,
+    global_batch_size: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    remainder: Remainder | str = Remainder.SPLIT,
+    epoch: int | None = None,
+    start_step: int = 0,
+    max_in_memory_bytes: int = DEFAULT_MAX_IN_MEMORY_BYTES,
+) -> tf.data.Dataset:
+    """`shard`'s element policy, one element per global step of this pipeline.
+
+    For tfdist strategies, which hand a step's per-replica batches to their
+    replicas together. Takes `shard`'s arguments (element policy;
+    `remainder` "split" or "error") and yields, for each global step,
+    `(batches, is_real, num_real)`: `batches` stacks the R local replicas'
+    batches (leading dimensions R and `per_replica_batch_size`, padding rows
+    included), `is_real` [R, per_replica_batch_size] marks the real rows
+    and `num_real` [R] holds the step's real rows over all pipelines (the
+    same value R times). No weights are added: the caller keeps each
+    replica's real rows.
+
+    Raises:
+      As `shard`; ConfigError also for `remainder` "pad" or "drop".
+    """
+    value = remainder.value if isinstance(remainder, Remainder) else remainder
+    if value in (Remainder.PAD.value, Remainder.DROP.value):
+        raise errors.ConfigError(
+            f"shard_steps takes remainder='split' or 'error'; received "
+            f"remainder={value!r}. A strategy gives each replica the real "
+            "rows of the last step (no padding rows, nothing dropped)."
+        )
+    batches, layout, _, steps = _real_row_batches(
+        dataset,
+        input_context,
+        global_batch_size=global_batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        policy=ShardPolicy.ELEMENT,
+        remainder=remainder,
+        epoch=epoch,
+        start_step=start_step,
+        reshuffle_each_iteration=True,
+        parse_fn=None,
+        reader=None,
+        max_in_memory_bytes=max_in_memory_bytes,
+    )
+    steps_of_replicas = batches.batch(layout.num_local_replicas, drop_remainder=True)
+    if steps is not None:
+        steps_of_replicas = steps_of_replicas.apply(
+            tf.data.experimental.assert_cardinality(steps)
+        )
+    return steps_of_replicas.prefetch(tf.data.AUTOTUNE)
+
+
+def _real_row_batches(
+    dataset: tf.data.Dataset | Sequence[str | os.PathLike[str]],
+    input_context: tf.distribute.InputContext | None,
+    *,
+    global_batch_size: int,
+    seed: int,
+    shuffle: bool,
+    policy: ShardPolicy | str,
+    remainder: Remainder | str,
+    epoch: int | None,
+    start_step: int,
+    reshuffle_each_iteration: bool,
+    parse_fn: Callable[..., Nested] | None,
+    reader: Callable[[tf.Tensor], tf.data.Dataset] | None,
+    max_in_memory_bytes: int,
+) -> tuple[tf.data.Dataset, _plan.ReplicaLayout, Remainder, int | None]:
+    """Validates `shard`'s arguments; per-replica `(batch, is_real, num_real)`.
+
+    Also returns the layout, the remainder and, for the element policy, the
+    global steps of every iteration (None if they differ or for files).
+    """
     # Pure-Python checks, before anything touches the TF runtime.
     source = _checks.check_source(dataset)
     files = source if isinstance(source, tuple) else None
@@ -294,7 +397,6 @@ def shard(
     _checks.check_seed(seed)
     _checks.check_bool("shuffle", shuffle)
     _checks.check_bool("reshuffle_each_iteration", reshuffle_each_iteration)
-    _checks.check_bool("normalize_padded_loss", normalize_padded_loss)
     first_epoch = (
         0
         if epoch is None
@@ -352,19 +454,15 @@ def shard(
                 "tfdist.data.shard: policy='auto' chose 'element': the input "
                 "is a tf.data.Dataset (pass file paths for the file policy)."
             )
-        batches = _shard_elements(
+        batches, steps = _shard_elements(
             source,
             layout,
             schedule,
             remainder,
             max_in_memory_bytes,
         )
-    return _finish(
-        batches,
-        remainder,
-        layout=layout,
-        normalize_padded_loss=normalize_padded_loss,
-    )
+        return batches, layout, remainder, steps
+    return batches, layout, remainder, None
 
 
 def _enum_value(value: object) -> object:
@@ -387,8 +485,12 @@ def _shard_elements(
     schedule: _pipeline.EpochSchedule,
     remainder: Remainder,
     max_in_memory_bytes: int,
-) -> tf.data.Dataset:
-    """Element policy: one global permutation, each pipeline its replicas."""
+) -> tuple[tf.data.Dataset, int | None]:
+    """Element policy: one global permutation, each pipeline its replicas.
+
+    Returns the per-replica batches and the number of global steps of every
+    iteration (None when iterations differ: resumption mid-epoch).
+    """
     _checks.check_dense_elements(dataset.element_spec)
     if remainder is Remainder.PAD:
         _checks.check_pad_structure(dataset.element_spec)
@@ -480,15 +582,14 @@ def _shard_elements(
     # reports the per-worker dataset's element count as its number of steps
     # (TF 2.21 input_lib `_cardinality`), which is R times too many with R
     # local replicas; Keras then warns that the input ran out of data.
-    if layout.num_local_replicas == 1 and (
-        schedule.start_step == 0 or not schedule.reshuffle_each_iteration
-    ):
-        batches = batches.apply(
-            tf.data.experimental.assert_cardinality(
-                num_steps - schedule.start_step
-            )
-        )
-    return batches
+    steps = (
+        num_steps - schedule.start_step
+        if schedule.start_step == 0 or not schedule.reshuffle_each_iteration
+        else None
+    )
+    if layout.num_local_replicas == 1 and steps is not None:
+        batches = batches.apply(tf.data.experimental.assert_cardinality(steps))
+    return batches, steps
 
 
 def _file_shards_are_even(
@@ -550,7 +651,7 @@ def _shard_files(
             schedule,
             remainder,
             max_in_memory_bytes,
-        )
+        )[0]
     counts = _source.count_records(files, read)
     total = int(counts.sum())
     logging.info(
@@ -590,7 +691,7 @@ def _shard_files(
             schedule,
             remainder,
             max_in_memory_bytes,
-        )
+        )[0]
     if policy is ShardPolicy.AUTO:
         logging.info(
             "tfdist.data.shard: policy='auto' chose 'file': %d files for %d "
@@ -667,10 +768,10 @@ def _finish(
         def factors(dtype: tf.DType) -> tf.Tensor:
             if not normalize_padded_loss:
                 return tf.cast(is_real, dtype)
-            scale = _weights.ratio(global_batch_size, num_real, dtype)
+            scale = row_weights.ratio(global_batch_size, num_real, dtype)
             return tf.where(is_real, scale, tf.zeros([], dtype))
 
-        return _weights.with_row_weights(
+        return row_weights.with_row_weights(
             batch, factors, keep_integer_weights=not normalize_padded_loss
         )
 
@@ -679,17 +780,17 @@ def _finish(
         rows = tf.nest.map_structure(
             lambda t: tf.boolean_mask(t, is_real), batch
         )
-        if not _weights.is_keras_tuple(rows):
+        if not row_weights.is_keras_tuple(rows):
             return rows
         num_rows = tf.reduce_sum(tf.cast(is_real, tf.int64))
 
         def factors(dtype: tf.DType) -> tf.Tensor:
             if not normalize_padded_loss:
                 return tf.ones([num_rows], dtype)
-            scale = _weights.ratio(num_replicas * num_rows, num_real, dtype)
+            scale = row_weights.ratio(num_replicas * num_rows, num_real, dtype)
             return tf.fill([num_rows], scale)
 
-        return _weights.with_row_weights(
+        return row_weights.with_row_weights(
             rows, factors, keep_integer_weights=not normalize_padded_loss
         )
 

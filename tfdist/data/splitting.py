@@ -37,9 +37,9 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist.data import _checks
-from tfdist.data import _weights
+from tfdist.data import row_weights
 
-__all__ = ["split_batches"]
+__all__ = ["batch_rows", "slice_bounds", "split_batches", "take_rows"]
 
 # `Any` below: a nested structure (tuple/dict) of tensors, as tf.data yields.
 Nested = Any
@@ -99,22 +99,19 @@ def split_batches(
     local_replicas = num_replicas // num_pipelines
 
     def replica_slice(batch: Nested, local_replica: tf.Tensor | int) -> Nested:
-        rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
-        quotient = rows // num_replicas
-        extra = rows % num_replicas
+        rows = batch_rows(batch)
         index = local_replica * num_pipelines + pipeline_id
-        start = index * quotient + tf.minimum(tf.cast(index, tf.int64), extra)
-        size = quotient + tf.cast(index < extra, tf.int64)
-        part = tf.nest.map_structure(lambda t: t[start : start + size], batch)
-        if not _weights.is_keras_tuple(part):
+        start, size = slice_bounds(rows, index, num_replicas)
+        part = take_rows(batch, start, size)
+        if not row_weights.is_keras_tuple(part):
             return part
 
         def factors(dtype: tf.DType) -> tf.Tensor:
             if not weight_uneven:
                 return tf.ones([size], dtype)
-            return tf.fill([size], _weights.ratio(num_replicas * size, rows, dtype))
+            return tf.fill([size], row_weights.ratio(num_replicas * size, rows, dtype))
 
-        return _weights.with_row_weights(part, factors)
+        return row_weights.with_row_weights(part, factors)
 
     def as_batch(components: tuple[Nested, ...]) -> Nested:
         return components[0] if len(components) == 1 else components
@@ -138,3 +135,33 @@ def split_batches(
         )
 
     return dataset.flat_map(replica_slices).prefetch(tf.data.AUTOTUNE)
+
+
+def batch_rows(batch: Nested) -> tf.Tensor:
+    """Rows of a batch (its first component's leading dimension), int64."""
+    first = tf.nest.flatten(batch)[0]
+    if isinstance(first, tf.RaggedTensor):
+        return first.nrows(out_type=tf.int64)
+    return tf.shape(first, out_type=tf.int64)[0]
+
+
+def slice_bounds(
+    rows: tf.Tensor, index: tf.Tensor | int, num_slices: int
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """(start, size) of slice `index` when `rows` rows are cut `num_slices` ways.
+
+    Slices are contiguous and in order; the first `rows % num_slices` slices
+    get one row more than the others (`rows // num_slices`), so sizes
+    differ by at most one and a slice may be empty when `rows < num_slices`.
+    """
+    quotient = rows // num_slices
+    extra = rows % num_slices
+    index = tf.cast(index, tf.int64)
+    start = index * quotient + tf.minimum(index, extra)
+    size = quotient + tf.cast(index < extra, tf.int64)
+    return start, size
+
+
+def take_rows(batch: Nested, start: tf.Tensor, size: tf.Tensor) -> Nested:
+    """Rows `[start, start + size)` of every component of `batch`."""
+    return tf.nest.map_structure(lambda t: t[start : start + size], batch)

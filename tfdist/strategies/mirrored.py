@@ -49,16 +49,17 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import devices as devices_lib
-from tfdist._internal import tf_private
+from tfdist._internal import mirrored_extended
 from tfdist.collectives import cost_model as cost_model_lib
 from tfdist.collectives import cross_device_ops
 from tfdist.data import options as data_options
-from tfdist.strategies import _input as input_lib
+from tfdist.input import split
+from tfdist.strategies import input_base
 
 __all__ = ["MirroredStrategy"]
 
 
-class MirroredStrategy(tf.distribute.MirroredStrategy):
+class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredStrategy):
     """Synchronous data parallelism on local devices with tfdist collectives.
 
     Use exactly like `tf.distribute.MirroredStrategy`: build and compile the
@@ -124,7 +125,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
             )
         # Before resolve_local_devices, which starts the TF runtime.
         cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
-        input_lib.check_shard_options(shard_options)
+        input_base.check_shard_options(shard_options)
         resolved = devices_lib.resolve_local_devices(devices)
         host_memory = devices_lib.share_host_memory(resolved)
         if update_once_on_host is None:
@@ -165,32 +166,15 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         """How plain datasets are sharded (`None`: `split_batches`)."""
         return self._shard_options
 
-    def experimental_distribute_dataset(
-        self, dataset: tf.data.Dataset, options: Any = None
-    ) -> Any:
-        """Distributes a batched `dataset` with tfdist's sharder.
-
-        Each global batch is split over the replicas by
-        `tfdist.data.split_batches` (or the dataset is sharded by
-        `tfdist.data.shard` with `shard_options`), never by TF's rebatching:
-        a last partial batch trains exactly as on one device, and
-        `predict` and unweighted metrics see every example once.
-
-        Raises:
-          ConfigError: If the global batch size does not divide by
-            `num_replicas_in_sync` (Keras 3 otherwise fails later with an
-            AddN shape error).
-        """
-        return input_lib.distribute_dataset(
-            self,
-            dataset,
-            self._shard_options,
-            options,
-            read_on_host=self._host_memory,
+    def _input_layout(self) -> split.InputLayout:
+        return split.InputLayout(
+            num_replicas_in_sync=self.num_replicas_in_sync,
+            num_workers=1,
+            worker_index=0,
         )
 
 
-class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
+class _MirroredExtended(mirrored_extended.MirroredExtended):  # type: ignore[misc]
     """TF's MirroredExtended with the update-once path for host memory."""
 
     def __init__(
@@ -210,24 +194,24 @@ class _MirroredExtended(tf_private.MirroredExtended):  # type: ignore[misc]
         # Private TF hook behind StrategyExtended.update (Keras's optimizer
         # applies every gradient through it, with the all-reduced gradient
         # as a PerReplica value: identical on every replica).
-        if not (self._update_once and tf_private.is_mirrored_variable(var)):
+        if not (self._update_once and mirrored_extended.is_mirrored_variable(var)):
             return super()._update(var, fn, args, kwargs, group)
         components = var.values
         primary = components[0]
-        with tf.device(primary.device), tf_private.update_context(0), tf.name_scope(
+        with tf.device(primary.device), mirrored_extended.update_context(0), tf.name_scope(
             "update_0"
         ):
             result = fn(
                 primary,
-                *tf_private.select_replica(0, args),
-                **tf_private.select_replica(0, kwargs),
+                *mirrored_extended.select_replica(0, args),
+                **mirrored_extended.select_replica(0, kwargs),
             )
             # Ordered after `fn` by automatic control dependencies (same
             # resource) inside tf.function, and by program order eagerly.
             value = primary.read_value()
         updates = [result]
         for index, component in enumerate(components[1:], start=1):
-            with tf.device(component.device), tf_private.update_context(index):
+            with tf.device(component.device), mirrored_extended.update_context(index):
                 copied = component.assign(value)
             updates.append(tf.nest.map_structure(lambda _: copied, result))
-        return tf_private.update_regroup(self, updates, group)
+        return mirrored_extended.update_regroup(self, updates, group)

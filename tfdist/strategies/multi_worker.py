@@ -30,10 +30,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist import devices as devices_lib
 from tfdist import errors
+from tfdist._internal import cross_device
 from tfdist._internal import keras_compat
-from tfdist._internal import tf_private
 from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import parse_tf_config
@@ -41,8 +40,11 @@ from tfdist.cluster import to_cluster_resolver
 from tfdist.collectives import cross_device_ops
 from tfdist.collectives import cross_worker
 from tfdist.data import options as data_options
-from tfdist.strategies import _input as input_lib
-from tfdist.strategies import peer_watchdog
+from tfdist.input import data_service
+from tfdist.input import split
+from tfdist.strategies import input_base
+from tfdist.watchdog import peer_watchdog
+from tfdist.watchdog import startup
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MultiWorkerMirroredStrategy"]
 
@@ -50,7 +52,9 @@ __all__ = ["DEFAULT_TIMEOUT_S", "MultiWorkerMirroredStrategy"]
 DEFAULT_TIMEOUT_S = 300.0
 
 
-class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerMirroredStrategy(
+    input_base.DistributedInputMixin, tf.distribute.MultiWorkerMirroredStrategy
+):
     """Synchronous data parallelism over the workers of a TF_CONFIG cluster.
 
     Every worker process runs the same script; each constructs this strategy
@@ -63,7 +67,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     Contract: construction blocks until every worker of the cluster has
     started its strategy, for at most `timeout_s`. After that, a watchdog
-    thread probes the peers (`tfdist/strategies/peer_watchdog.py`): when a
+    thread probes the peers (`tfdist/watchdog/`): when a
     peer is lost, every collective of this process is aborted and
     `WorkerUnavailableError` naming the peer is raised in the thread that
     built the strategy (where `fit` runs), within a few seconds. A peer
@@ -124,7 +128,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         config = cluster if isinstance(cluster, ClusterConfig) else parse_tf_config(cluster)
         timeout = validation.check_positive_number("timeout_s", timeout_s)
         cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
-        input_lib.check_shard_options(shard_options)
+        input_base.check_shard_options(shard_options)
         if config.task is not None and config.task.task_type not in ("chief", "worker"):
             raise errors.ConfigError(
                 f"MultiWorkerMirroredStrategy runs on chief and worker tasks; "
@@ -140,8 +144,8 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         )
         if multi_task:
             # Before TF starts the runtime: see peer_watchdog's docstring.
-            peer_watchdog.check_own_port(config)
-            peer_watchdog.configure_coordination(config, timeout)
+            startup.check_own_port(config)
+            startup.configure_coordination(config, timeout)
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=bucket_bytes or 0,
             # No per-op timeout: the watchdog bounds the collectives.
@@ -155,8 +159,8 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         except tf.errors.OpError as e:
             if not multi_task:
                 raise
-            raise _start_up_error(config, timeout, e) from e
-        self._gradient_ops = tf_private.replace_multi_worker_cross_device_ops(
+            raise startup.start_up_error(config, timeout, e) from e
+        self._gradient_ops = cross_device.replace_multi_worker_cross_device_ops(
             self.extended,
             lambda devices, num_workers, tf_options, keys: cross_worker.HierarchicalAllReduce(
                 devices,
@@ -175,9 +179,10 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 config,
                 timeout_s=timeout,
                 collective_ops=[
-                    tf_private.host_collective_ops(self.extended),
+                    cross_device.host_collective_ops(self.extended),
                     *self._gradient_ops.collective_ops,
                 ],
+                extended=self.extended,
             )
             self._watchdog.start()
             if not self.extended.should_checkpoint:
@@ -185,10 +190,12 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 keras_compat.redirect_non_chief_checkpoints(config.task.name)
         self._timeout_s = timeout
         self._shard_options = shard_options
-        # A CPU worker has one replica, on host memory: its input needs no
-        # prefetching to a device (see _input.distribute_dataset).
-        self._read_on_host = len(self.extended.worker_devices) == 1 and (
-            devices_lib.share_host_memory(self.extended.worker_devices)
+        self._input_service = (
+            data_service.ChiefInputService(
+                config, self._input_layout(), timeout_s=timeout
+            )
+            if multi_task
+            else None
         )
 
     @property
@@ -218,8 +225,8 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                 else component
             )
             rank = getattr(first, "shape", tf.TensorShape(None)).rank
-            return tf.distribute.MultiWorkerMirroredStrategy.reduce(
-                self, reduce_op, component, None if rank == 0 else axis
+            return super(MultiWorkerMirroredStrategy, self).reduce(
+                reduce_op, component, None if rank == 0 else axis
             )
 
         return tf.nest.map_structure(reduce_one, value)
@@ -229,51 +236,14 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         """How plain datasets are sharded (`None`: `split_batches`)."""
         return self._shard_options
 
-    def experimental_distribute_dataset(
-        self, dataset: tf.data.Dataset, options: Any = None
-    ) -> Any:
-        """Shards each global batch of `dataset` over workers and replicas.
+    def _chief_input_service(self) -> data_service.ChiefInputService | None:
+        return self._input_service
 
-        Every worker reads the whole dataset (which must produce the same
-        batches on every worker) and keeps its replicas' slices of each
-        batch (`tfdist.data.split_batches`), or shards it with
-        `tfdist.data.shard` given `shard_options`.
-
-        Raises:
-          ConfigError: If the global batch size does not divide by
-            `num_replicas_in_sync`.
-        """
-        return input_lib.distribute_dataset(
-            self,
-            dataset,
-            self._shard_options,
-            options,
-            read_on_host=self._read_on_host,
+    def _input_layout(self) -> split.InputLayout:
+        worker_index = self._cluster_config.worker_index
+        assert worker_index is not None  # Checked in __init__ (no ps/evaluator).
+        return split.InputLayout(
+            num_replicas_in_sync=self.num_replicas_in_sync,
+            num_workers=self._cluster_config.num_workers,
+            worker_index=worker_index,
         )
-
-
-def _start_up_error(
-    config: ClusterConfig, timeout_s: float, cause: Exception
-) -> errors.WorkerUnavailableError:
-    """The error for a cluster that did not come up within `timeout_s`."""
-    missing = peer_watchdog.unreachable_peers(config)
-    first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-    if missing:
-        found = (
-            f"{', '.join(missing)} did not accept connections (not started, "
-            "or exited during start-up)"
-        )
-    else:
-        found = (
-            "every task accepts connections, but not all of them joined (a "
-            "task may have a different TF_CONFIG cluster)"
-        )
-    return errors.WorkerUnavailableError(
-        f"the cluster did not start within timeout_s={timeout_s:g} s: "
-        f"{found}. Start every task of the cluster, each with the same "
-        "TF_CONFIG cluster and its own task (tfdist-launch does this), or "
-        f"raise timeout_s. TensorFlow reported: {type(cause).__name__}: "
-        f"{first_line}",
-        task=missing[0].split(" ")[0] if missing else None,
-    )
-

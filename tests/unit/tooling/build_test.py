@@ -72,9 +72,11 @@ LAYERS: dict[str, int] = {
     "launch": 2,  # tfdist/launch.py, the local launcher: sits with cluster.
     "collectives": 3,
     "data": 3,
-    "strategies": 4,
-    "testing": 5,  # "may import any public API".
-    "__init__": 6,
+    "watchdog": 3,  # Bounded waits of multi-task jobs: cluster + _internal.
+    "input": 4,  # Distributed input: data + _internal (+ cluster).
+    "strategies": 5,
+    "testing": 6,  # "may import any public API".
+    "__init__": 7,
 }
 
 #: Layer of a top-level module tfdist/<m>.py not named in LAYERS (devices.py:
@@ -100,8 +102,9 @@ TENSORFLOW_MODULES = ("keras", "tensorflow", "tf_keras")
 #: Private modules of TensorFlow/Keras, and the only files (or directories,
 #: ending in "/") of tfdist/ and examples/ that may import them (STYLE.md §1).
 PRIVATE_UPSTREAM = {
-    "tensorflow.python": ("tfdist/_internal/tf_private.py",),
-    "tensorflow.core": ("tfdist/_internal/tf_private.py",),
+    "tensorflow.python": ("tfdist/_internal/",),
+    "tensorflow.core": ("tfdist/_internal/",),
+    "tensorflow.compiler": ("tfdist/_internal/",),
     "keras.src": ("tfdist/_internal/",),
     "tf_keras.src": ("tfdist/_internal/",),
 }

@@ -9,14 +9,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 import tfdist
-from tfdist._internal import tf_private
-from tfdist.strategies import peer_watchdog
+from tfdist._internal import tf_errors
+from tfdist.watchdog import clock as clock_lib
 
 
 class CollectiveClockTest(tf.test.TestCase):
     def setUp(self):
         super().setUp()
-        self.clock = peer_watchdog.CollectiveClock("/device:CPU:0")
+        self.clock = clock_lib.CollectiveClock("/device:CPU:0")
 
     def test_each_call_counts_one_started_and_one_finished(self):
         @tf.function
@@ -54,8 +54,7 @@ class CollectiveClockTest(tf.test.TestCase):
             failing_step(tf.constant(1.0))
         self.assertEqual(self.clock.counts(), (1, 0))  # Would look in flight forever.
 
-        tf_private.install_error_class_hook()
-        remove = tf_private.on_function_error(self.clock.resync)
+        remove = tf_errors.install_function_error_hook(self.clock.resync)
         try:
             with self.assertRaises(tf.errors.InvalidArgumentError):
                 failing_step(tf.constant(1.0))

@@ -1,7 +1,7 @@
-"""Per-row sample weights on Keras-style batches, shared by the sharders.
+"""Per-row sample weights on Keras-style batches, shared by the input paths.
 
-Both `shard` (padded or split last step) and `split_batches` (uneven
-per-replica slices) give each real row of a per-replica batch a loss weight
+`shard` (padded or split last step), `split_batches` (uneven per-replica
+slices) and tfdist strategies' Keras train steps give each real row of a per-replica batch a loss weight
 chosen so that Keras's default "sum_over_batch_size" reduction, summed over
 replicas after its 1 / num_replicas scaling, is the mean loss over the real
 rows of the global step. This module only attaches those weights.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+__all__ = ["FactorFn", "is_keras_tuple", "ratio", "with_row_weights"]
 
 import tensorflow as tf
 

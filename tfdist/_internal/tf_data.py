@@ -1,0 +1,41 @@
+"""tfdist's uses of tf.data internals: reading a pipeline's graph.
+
+Private TF API used (tested range: see setup.py):
+
+- `tf.data.Dataset._as_serialized_graph`: the pipeline's `GraphDef` (what
+  TF's own tf.data service and auto-sharding serialize); used to find
+  what makes copies of a pipeline differ (`tfdist/input/determinism.py`);
+- `dataset_options_pb2.Options`: the serialized `tf.data.Options` of an
+  `OptionsDataset` node.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.core.framework import dataset_options_pb2 as _options_pb2
+
+__all__ = ["options_allow_reordering", "pipeline_graph"]
+
+
+def pipeline_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
+    """The `GraphDef` of `dataset`'s pipeline, with its function library.
+
+    Python functions (`from_generator`, `py_function`) appear as their ops;
+    resources are not followed. Must be called eagerly.
+    """
+    serialized = dataset._as_serialized_graph(  # pylint: disable=protected-access
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE,
+        strip_device_assignment=True,
+    )
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(serialized.numpy())
+    return graph
+
+
+def options_allow_reordering(serialized_options: bytes) -> bool:
+    """Whether serialized `tf.data.Options` set `deterministic=False`."""
+    options = _options_pb2.Options()
+    options.ParseFromString(serialized_options)
+    return options.WhichOneof("optional_deterministic") is not None and not (
+        options.deterministic
+    )

@@ -1,0 +1,106 @@
+"""Exact training on uneven global batches: row weights for Keras's train step.
+
+Keras reduces a replica's loss over its own rows ("sum_over_batch_size")
+and scales it by 1 / G before the gradients are summed over the G replicas.
+When a global batch of m rows splits unevenly (b_s rows for replica s, for
+example an epoch's last partial batch), that sum is not the mean over the m
+rows that one device computes. Giving replica s's rows the sample weight
+G * b_s / m (times any weight the user gave) makes it that mean:
+
+    sum_s (1/G) * sum_{i in s} (G * b_s / m) * loss_i / b_s = sum_i loss_i / m
+
+The weights are added where Keras's *own* `train_step` is called
+(`strategy.run` inside `fit`); evaluation needs none (Keras weights each
+replica's loss by its rows when it averages them), and `predict`, custom
+loops and user-written `train_step`s get the plain slices, so the data
+they unpack has the structure of their dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist import errors
+from tfdist._internal import input_values
+from tfdist.data import row_weights
+from tfdist.data import splitting
+
+__all__ = ["check_training_batch", "with_exact_loss_weights"]
+
+# `Any` below: nests of tensors and per-replica values, as Keras passes them.
+Nested = Any
+
+
+def _first_input_value(data: Nested) -> input_values.InputPerReplica | None:
+    for leaf in tf.nest.flatten(data):
+        if input_values.is_input_value(leaf):
+            return leaf
+    return None
+
+
+def check_training_batch(data: Nested, num_replicas_in_sync: int) -> None:
+    """Raises ConfigError if `data`'s global batch size cannot be split evenly.
+
+    Called when Keras's `fit` runs a training step (built-in or overridden
+    `train_step`) on tfdist input; a last partial batch is fine, the batch
+    size the input was built with must divide.
+    """
+    value = _first_input_value(data)
+    if value is None or value.nominal_batch_size is None:
+        return
+    batch_size = value.nominal_batch_size
+    if batch_size % num_replicas_in_sync == 0:
+        return
+    lower = batch_size // num_replicas_in_sync * num_replicas_in_sync
+    upper = lower + num_replicas_in_sync
+    suggestions = f"{lower} or {upper}" if lower else f"{upper}"
+    raise errors.ConfigError(
+        f"training batch_size={batch_size} (the batch size of the data "
+        f"given to fit) is not divisible by num_replicas_in_sync="
+        f"{num_replicas_in_sync}: every training step gives each replica the "
+        f"same number of rows. Use batch_size={suggestions} (a multiple of "
+        f"{num_replicas_in_sync}); evaluate and predict accept any batch size."
+    )
+
+
+def with_exact_loss_weights(
+    fn: Callable[..., Any], args: tuple[Any, ...], num_replicas_in_sync: int
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Returns `(fn', args')` that run `fn` on row-weighted data.
+
+    `args` must be Keras's `(data,)`; `data` is `(x, y)` or
+    `(x, y, sample_weight)` of tfdist input values. Anything else (no
+    targets, input not from tfdist) is returned unchanged.
+
+    Must be called in cross-replica context (in `Strategy.run`, before
+    TF's), eagerly or while tracing.
+    """
+    if len(args) != 1 or not row_weights.is_keras_tuple(args[0]):
+        return fn, args
+    value = _first_input_value(args[0])
+    if value is None:
+        return fn, args
+    global_rows = value.global_rows
+    factors = input_values.InputPerReplica(
+        [
+            row_weights.ratio(
+                num_replicas_in_sync * splitting.batch_rows(local), global_rows, tf.float32
+            )
+            for local in value.values
+        ],
+        global_rows,
+        value.nominal_batch_size,
+    )
+
+    def weighted_step(data: Nested, factor: tf.Tensor) -> Any:
+        rows = splitting.batch_rows(data)
+        return fn(
+            row_weights.with_row_weights(
+                data, lambda dtype: tf.fill([rows], tf.cast(factor, dtype))
+            )
+        )
+
+    return weighted_step, (args[0], factors)

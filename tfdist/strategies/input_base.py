@@ -1,0 +1,137 @@
+"""The input half every tfdist strategy shares: datasets in, per-replica values out.
+
+`DistributedInputMixin` goes first in a strategy's bases, before the TF
+strategy class it extends. It gives the strategy:
+
+- `experimental_distribute_dataset`: tfdist's input path
+  (`tfdist/input/`): one pipeline per worker, each global batch cut into
+  per-replica slices, elements shaped as the user's dataset;
+- `run`: for Keras's `fit` steps, the training batch-size check and, for
+  Keras's own `train_step`, the row weights that make an uneven batch
+  train exactly like one device (`tfdist/input/train_weights.py`);
+- `reduce` of input values with `axis=None` (what Keras 3 asks for
+  before training, to build the model from one batch): this worker's rows
+  of the batch, without a collective. An element-wise mean across
+  replicas of different examples means nothing, and cannot be taken when
+  the slices have different numbers of rows.
+
+A strategy using it implements `_input_layout()` and has a
+`shard_options` property.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist._internal import input_values
+from tfdist._internal import keras_compat
+from tfdist.data import options as data_options
+from tfdist.input import data_service
+from tfdist.input import distribute
+from tfdist.input import split
+from tfdist.input import train_weights
+
+__all__ = ["DistributedInputMixin", "check_shard_options"]
+
+
+def check_shard_options(value: object) -> data_options.ShardOptions | None:
+    """Returns `value` if it is a `ShardOptions` or None; else TypeError."""
+    if value is not None and not isinstance(value, data_options.ShardOptions):
+        raise TypeError(
+            "shard_options must be a tfdist.data.ShardOptions or None; "
+            f"received shard_options={value!r} of type {type(value).__name__}."
+        )
+    return value
+
+
+class DistributedInputMixin:
+    """tfdist's dataset distribution for a `tf.distribute.Strategy` subclass."""
+
+    # Provided by the tf.distribute.Strategy this mixin is combined with.
+    num_replicas_in_sync: int
+
+    @property
+    def shard_options(self) -> data_options.ShardOptions | None:
+        """How plain datasets are sharded (`None`: split each batch)."""
+        raise NotImplementedError
+
+    def _input_layout(self) -> split.InputLayout:
+        """This worker's replicas among all replicas in sync."""
+        raise NotImplementedError
+
+    def _chief_input_service(self) -> data_service.ChiefInputService | None:
+        """The service that serves pipelines only the chief may run (multi-worker)."""
+        return None
+
+    def experimental_distribute_dataset(
+        self, dataset: tf.data.Dataset, options: tf.distribute.InputOptions | None = None
+    ) -> tf.distribute.DistributedDataset:
+        """Distributes a batched `dataset`: each global batch over all replicas.
+
+        One input pipeline per worker feeds all of its replicas (so any
+        pipeline, random or not, gives every example exactly once per
+        epoch); each global batch of B rows is cut into per-replica slices
+        of B / num_replicas_in_sync rows (a last partial batch as evenly as
+        possible, some slices possibly empty). Elements have the structure
+        of `dataset`'s, each leaf a `PerReplica` as in TF. With
+        `shard_options`, the dataset is sharded by `tfdist.data.shard`.
+
+        Args:
+          dataset: A batched `tf.data.Dataset` (dense or ragged tensors).
+          options: TF's `tf.distribute.InputOptions`; accepted for
+            compatibility (replicas read on the host), except
+            `InputReplicationMode.PER_REPLICA`, refused as by TF.
+
+        Raises:
+          TypeError: If `dataset` is not a `tf.data.Dataset`.
+          ConfigError: If its elements are not batches (see message).
+        """
+        return distribute.distribute_dataset(
+            dataset,
+            self._input_layout(),
+            shard_options=self.shard_options,
+            input_options=options,
+            chief_service=self._chief_input_service(),
+        )
+
+    def run(
+        self,
+        fn: Any,
+        args: Any = (),
+        kwargs: Any = None,
+        options: tf.distribute.RunOptions | None = None,
+    ) -> Any:
+        """`tf.distribute.Strategy.run`, with exact losses for Keras's `fit`.
+
+        Runs `fn` on every replica as TF does. When `fn` is a training step
+        of Keras's `fit` (Keras 3 or tf-keras) on tfdist input, the input's
+        batch size is checked first (`ConfigError` if it does not split
+        evenly over the replicas), and Keras's own `train_step` gets row
+        weights for uneven batches (see `tfdist/input/train_weights.py`).
+        """
+        keras_step = keras_compat.keras_train_step(fn)
+        if keras_step is not None:
+            train_weights.check_training_batch(args, self.num_replicas_in_sync)
+            _, builtin = keras_step
+            if builtin and not kwargs:
+                fn, args = train_weights.with_exact_loss_weights(
+                    fn, tuple(args), self.num_replicas_in_sync
+                )
+        return super().run(fn, args, kwargs, options)  # type: ignore[misc]
+
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
+        """`tf.distribute.Strategy.reduce`; see the module docstring for input values."""
+        leaves = tf.nest.flatten(value)
+        if axis is not None or not any(map(input_values.is_input_value, leaves)):
+            return super().reduce(reduce_op, value, axis)  # type: ignore[misc]
+
+        def reduce_leaf(leaf: Any) -> Any:
+            if input_values.is_input_value(leaf):
+                return tf.concat(list(leaf.values), axis=0)
+            return super(DistributedInputMixin, self).reduce(  # type: ignore[misc]
+                reduce_op, leaf, axis
+            )
+
+        return tf.nest.map_structure(reduce_leaf, value)
