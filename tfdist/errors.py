@@ -40,6 +40,11 @@ class TfdistError(Exception):
     error raised in a child process arrives whole in its parent.
     """
 
+    # TF's autograph re-raises an error from a function it converts (e.g.
+    # tf-keras's train step) as its own StagingError unless the error has
+    # this attribute; tfdist's messages already say what is wrong.
+    ag_pass_through = True
+
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), self.args, self.__dict__ or None)
 

@@ -1,4 +1,8 @@
-"""tfdist's workarounds inside Keras 3 (the only module touching its internals).
+"""tfdist's uses of Keras internals (Keras 3 and tf-keras), in one place.
+
+Three topics: checkpoints written by one task only (Keras 3), recognising
+Keras's own training step inside `strategy.run`, and scaling the loss that
+Keras differentiates (not the one it reports) for exact uneven batches.
 
 Checkpoints written by one task only. Keras 3's `BackupAndRestore` and
 `ModelCheckpoint` have no multi-worker handling: every worker writes the
@@ -21,15 +25,24 @@ private and may move.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["keras_train_step", "redirect_non_chief_checkpoints"]
+import tensorflow as tf
+
+__all__ = [
+    "gradients_scaled",
+    "keras_train_step",
+    "loss_factor",
+    "redirect_non_chief_checkpoints",
+]
 
 _PATCHED = "_tfdist_non_chief_task"
 
@@ -124,3 +137,73 @@ def keras_train_step(fn: Callable[..., Any]) -> tuple[Any, bool] | None:
         return None
     model = cells["model"].cell_contents
     return model, type(model).train_step is training.Model.train_step
+
+
+# --------------------------------------------------------------------------
+# Scaling only the loss that Keras differentiates.
+
+_replica_loss_factor = threading.local()
+
+
+@contextlib.contextmanager
+def loss_factor(factor: Any) -> Iterator[None]:
+    """Inside, the optimizer wrapped by `gradients_scaled` multiplies by `factor`.
+
+    Thread-local: each replica's step (a thread of its own while
+    MirroredStrategy traces) sets its own factor.
+    """
+    previous = getattr(_replica_loss_factor, "value", None)
+    _replica_loss_factor.value = factor
+    try:
+        yield
+    finally:
+        _replica_loss_factor.value = previous
+
+
+def _scaled(loss: Any) -> Any:
+    factor = getattr(_replica_loss_factor, "value", None)
+    return loss if factor is None else loss * tf.cast(factor, loss.dtype)
+
+
+@contextlib.contextmanager
+def gradients_scaled(model: Any) -> Iterator[None]:
+    """While tracing `model`'s train step, its gradients come from the scaled loss.
+
+    Keras reports the loss it computed (Keras 3 updates its loss tracker
+    before `optimizer.scale_loss`; tf-keras before `optimizer.minimize`) and
+    differentiates what the optimizer returns: wrapping those two methods
+    of this model's optimizer (on the instance, for the duration of the
+    block) multiplies only the differentiated loss by the `loss_factor` of
+    the replica, so the reported loss stays the unweighted mean.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        yield
+        return
+    trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
+    if trainer is not None and isinstance(model, trainer.TensorFlowTrainer):
+        name = "scale_loss"
+        original = optimizer.scale_loss
+
+        def wrapped(loss: Any) -> Any:
+            return original(_scaled(loss))
+
+    else:
+        name = "minimize"
+        original = optimizer.minimize
+
+        def wrapped(loss: Any, *args: Any, tape: Any = None, **kwargs: Any) -> Any:
+            if tape is not None:
+                with tape:  # Re-entered, so the product is differentiated.
+                    loss = _scaled(loss)
+            return original(loss, *args, tape=tape, **kwargs)
+
+    had_own = name in vars(optimizer)
+    setattr(optimizer, name, wrapped)
+    try:
+        yield
+    finally:
+        if had_own:
+            setattr(optimizer, name, original)
+        else:
+            delattr(optimizer, name)

@@ -1,19 +1,22 @@
-"""Exact training on uneven global batches: row weights for Keras's train step.
+"""Exact training on uneven global batches: a per-replica factor on Keras's loss.
 
 Keras reduces a replica's loss over its own rows ("sum_over_batch_size")
 and scales it by 1 / G before the gradients are summed over the G replicas.
 When a global batch of m rows splits unevenly (b_s rows for replica s, for
 example an epoch's last partial batch), that sum is not the mean over the m
-rows that one device computes. Giving replica s's rows the sample weight
-G * b_s / m (times any weight the user gave) makes it that mean:
+rows that one device computes. Multiplying replica s's loss by
+f_s = G * b_s / m makes it that mean:
 
-    sum_s (1/G) * sum_{i in s} (G * b_s / m) * loss_i / b_s = sum_i loss_i / m
+    sum_s f_s * (1/G) * sum_{i in s} loss_i / b_s = sum_i loss_i / m
 
-The weights are added where Keras's *own* `train_step` is called
-(`strategy.run` inside `fit`); evaluation needs none (Keras weights each
+(and leaves regularization losses, which every replica adds scaled by
+1 / G, whole: sum_s f_s / G = 1). Only the loss Keras differentiates is
+multiplied (`keras_compat.gradients_scaled`), not the one it reports, so
+the epoch's logged loss is the plain mean too; the data Keras sees is the
+user's, unweighted. This is done where Keras's *own* `train_step` runs
+(`strategy.run` inside `fit`); evaluation needs nothing (Keras weights each
 replica's loss by its rows when it averages them), and `predict`, custom
-loops and user-written `train_step`s get the plain slices, so the data
-they unpack has the structure of their dataset.
+loops and user-written `train_step`s get the plain slices.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import input_values
+from tfdist._internal import keras_compat
 from tfdist.data import row_weights
 from tfdist.data import splitting
 
-__all__ = ["check_training_batch", "with_exact_loss_weights"]
+__all__ = ["check_training_batch", "with_exact_loss"]
 
 # `Any` below: nests of tensors and per-replica values, as Keras passes them.
 Nested = Any
@@ -66,19 +70,18 @@ def check_training_batch(data: Nested, num_replicas_in_sync: int) -> None:
     )
 
 
-def with_exact_loss_weights(
+def with_exact_loss(
     fn: Callable[..., Any], args: tuple[Any, ...], num_replicas_in_sync: int
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """Returns `(fn', args')` that run `fn` on row-weighted data.
+    """Returns `(fn', args')`: `fn` with each replica's loss factor set.
 
-    `args` must be Keras's `(data,)`; `data` is `(x, y)` or
-    `(x, y, sample_weight)` of tfdist input values. Anything else (no
-    targets, input not from tfdist) is returned unchanged.
-
+    `args` must be Keras's `(data,)` with tfdist input values in `data`;
+    anything else is returned unchanged. Run `fn'` inside
+    `keras_compat.gradients_scaled(model)` so the factor reaches the loss.
     Must be called in cross-replica context (in `Strategy.run`, before
     TF's), eagerly or while tracing.
     """
-    if len(args) != 1 or not row_weights.is_keras_tuple(args[0]):
+    if len(args) != 1:
         return fn, args
     value = _first_input_value(args[0])
     if value is None:
@@ -87,7 +90,9 @@ def with_exact_loss_weights(
     factors = input_values.InputPerReplica(
         [
             row_weights.ratio(
-                num_replicas_in_sync * splitting.batch_rows(local), global_rows, tf.float32
+                num_replicas_in_sync * splitting.batch_rows(local),
+                global_rows,
+                tf.float32,
             )
             for local in value.values
         ],
@@ -95,12 +100,8 @@ def with_exact_loss_weights(
         value.nominal_batch_size,
     )
 
-    def weighted_step(data: Nested, factor: tf.Tensor) -> Any:
-        rows = splitting.batch_rows(data)
-        return fn(
-            row_weights.with_row_weights(
-                data, lambda dtype: tf.fill([rows], tf.cast(factor, dtype))
-            )
-        )
+    def step_with_factor(data: Nested, factor: tf.Tensor) -> Any:
+        with keras_compat.loss_factor(factor):
+            return fn(data)
 
-    return weighted_step, (args[0], factors)
+    return step_with_factor, (args[0], factors)

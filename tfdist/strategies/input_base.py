@@ -7,8 +7,9 @@ strategy class it extends. It gives the strategy:
   (`tfdist/input/`): one pipeline per worker, each global batch cut into
   per-replica slices, elements shaped as the user's dataset;
 - `run`: for Keras's `fit` steps, the training batch-size check and, for
-  Keras's own `train_step`, the row weights that make an uneven batch
-  train exactly like one device (`tfdist/input/train_weights.py`);
+  Keras's own `train_step`, the per-replica loss factor that makes an
+  uneven batch train exactly like one device, with the logged loss exact
+  too (`tfdist/input/train_weights.py`);
 - `reduce` of input values with `axis=None` (what Keras 3 asks for
   before training, to build the model from one batch): this worker's rows
   of the batch, without a collective. An element-wise mean across
@@ -108,18 +109,22 @@ class DistributedInputMixin:
         Runs `fn` on every replica as TF does. When `fn` is a training step
         of Keras's `fit` (Keras 3 or tf-keras) on tfdist input, the input's
         batch size is checked first (`ConfigError` if it does not split
-        evenly over the replicas), and Keras's own `train_step` gets row
-        weights for uneven batches (see `tfdist/input/train_weights.py`).
+        evenly over the replicas), and Keras's own `train_step` gets a loss
+        factor per replica for uneven batches (see
+        `tfdist/input/train_weights.py`).
         """
         keras_step = keras_compat.keras_train_step(fn)
-        if keras_step is not None:
-            train_weights.check_training_batch(args, self.num_replicas_in_sync)
-            _, builtin = keras_step
-            if builtin and not kwargs:
-                fn, args = train_weights.with_exact_loss_weights(
-                    fn, tuple(args), self.num_replicas_in_sync
-                )
-        return super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        if keras_step is None:
+            return super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        train_weights.check_training_batch(args, self.num_replicas_in_sync)
+        model, builtin = keras_step
+        if not builtin or kwargs:
+            return super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        fn, args = train_weights.with_exact_loss(
+            fn, tuple(args), self.num_replicas_in_sync
+        )
+        with keras_compat.gradients_scaled(model):
+            return super().run(fn, args, kwargs, options)  # type: ignore[misc]
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
         """`tf.distribute.Strategy.reduce`; see the module docstring for input values."""
