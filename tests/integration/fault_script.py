@@ -10,6 +10,10 @@ TF_CONFIG and trains a small model for 3 epochs of 8 steps. MODE:
   raised to OUT_DIR/<task>.json.
 - `stall`: as `kill`, but worker 1 stays alive and stops taking part: it
   writes OUT_DIR/killed_at and sleeps (a stuck peer).
+- `stall_before_build`: worker 1 builds the strategy, writes
+  OUT_DIR/killed_at and sleeps before building the model (a slow data
+  load or a debugger), so the others wait in the initial broadcast of
+  variable values.
 - `restart`: trains with `keras.callbacks.BackupAndRestore(OUT_DIR/backup)`;
   on its first attempt (no OUT_DIR/attempted-worker-1 yet) worker 1
   kills itself at step 3 of epoch 2. The chief writes the final weights to
@@ -80,8 +84,10 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
         return
     strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
     task = strategy.cluster_config.task
-    with strategy.scope():
-        model = _model()
+    if mode == "stall_before_build" and task.name == "worker:1":
+        with open(os.path.join(out_dir, "killed_at"), "w") as f:
+            f.write(repr(time.time()))
+        time.sleep(STALL_S)
     attempted = os.path.join(out_dir, f"attempted-{task.task_type}-{task.task_id}")
     first_attempt = not os.path.exists(attempted)
     with open(attempted, "a") as f:
@@ -90,6 +96,8 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
     if mode == "restart":
         callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
     try:
+        with strategy.scope():
+            model = _model()
         model.fit(
             x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=EPOCHS, shuffle=False,
             verbose=0, callbacks=callbacks,

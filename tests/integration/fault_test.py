@@ -109,13 +109,25 @@ class LostWorkerTest(tf.test.TestCase):
 
 
 class StuckWorkerTest(tf.test.TestCase):
-    def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
-        record, stalled_at = _run_pair(self, "stall")
+    def _assert_timeout_naming_worker_1_in_time(self, record, stalled_at):
         self.assertTrue(record["is_timeout"], record)
+        self.assertEqual(record["task"], "worker:1", record)
         self.assertIn(f"waited more than timeout_s={TIMEOUT_S:g} s", record["message"])
+        self.assertIn("worker:1 (at collective", record["message"])
+        self.assertIn("did not arrive", record["message"])
         elapsed = record["raised_at"] - stalled_at
         self.assertGreater(elapsed, TIMEOUT_S - 1)  # Not before the bound...
         self.assertLess(elapsed, TIMEOUT_S + MARGIN_S)  # ...and soon after it.
+
+    def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
+        self._assert_timeout_naming_worker_1_in_time(*_run_pair(self, "stall"))
+
+    def test_worker_stuck_before_building_the_model_is_named_in_time(self):
+        # The others wait in TF's broadcast of initial variable values,
+        # which TF's own collective timeout never bounded.
+        self._assert_timeout_naming_worker_1_in_time(
+            *_run_pair(self, "stall_before_build")
+        )
 
 
 def _threads_after_collectives(count: int) -> tuple[int, int]:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import tensorflow as tf  # type: ignore[import-untyped]
 
+from tfdist import errors
 from tfdist.cluster import spec
+from tfdist.cluster import tf_config
 
-__all__ = ["to_cluster_resolver"]
+__all__ = ["from_cluster_resolver", "resolve_cluster", "to_cluster_resolver"]
 
 
 class _ConfigClusterResolver(
@@ -116,3 +118,62 @@ def to_cluster_resolver(
             "tfdist.cluster.parse_tf_config()."
         )
     return _ConfigClusterResolver(config)
+
+
+def from_cluster_resolver(
+    resolver: tf.distribute.cluster_resolver.ClusterResolver,
+) -> spec.ClusterConfig:
+    """Returns the validated `ClusterConfig` a TF `ClusterResolver` describes.
+
+    Reads `cluster_spec()`, `task_type`, `task_id` and `rpc_layer` once, as
+    TF's strategies do, and validates them as TF_CONFIG would be.
+
+    Raises:
+      TypeError: If `resolver` is not a `ClusterResolver`.
+      ClusterConfigError: If the resolver's cluster or task is malformed
+        (e.g. sparse task indices, a task outside the cluster).
+    """
+    if not isinstance(resolver, tf.distribute.cluster_resolver.ClusterResolver):
+        raise TypeError(
+            "cluster_resolver must be a tf.distribute.cluster_resolver."
+            f"ClusterResolver; received {resolver!r} of type "
+            f"{type(resolver).__name__}."
+        )
+    jobs = resolver.cluster_spec().as_dict()
+    document: dict[str, object] = {}
+    if jobs:
+        document["cluster"] = jobs
+        document["task"] = {"type": resolver.task_type, "index": resolver.task_id}
+    if resolver.rpc_layer:
+        document["rpc_layer"] = resolver.rpc_layer
+    return tf_config.parse_tf_config(document)
+
+
+def resolve_cluster(
+    cluster: object, cluster_resolver: object = None
+) -> spec.ClusterConfig:
+    """The cluster a strategy runs on, from any of the ways users give it.
+
+    Args:
+      cluster: A `ClusterConfig`, a TF_CONFIG JSON string or dict, a TF
+        `ClusterResolver` (TF's strategies take one as their first
+        argument), or None to read the `TF_CONFIG` environment variable.
+      cluster_resolver: TF's keyword for the same; give one or the other.
+
+    Raises:
+      ConfigError: If both are given.
+      ClusterConfigError, TypeError: If the cluster is invalid.
+    """
+    if cluster is not None and cluster_resolver is not None:
+        raise errors.ConfigError(
+            "pass the cluster once: received both cluster="
+            f"{cluster!r} and cluster_resolver={cluster_resolver!r}. Keep "
+            "cluster_resolver= (TF's name) or cluster=, not both."
+        )
+    if cluster_resolver is not None:
+        return from_cluster_resolver(cluster_resolver)  # type: ignore[arg-type]
+    if isinstance(cluster, spec.ClusterConfig):
+        return cluster
+    if isinstance(cluster, tf.distribute.cluster_resolver.ClusterResolver):
+        return from_cluster_resolver(cluster)
+    return tf_config.parse_tf_config(cluster)  # type: ignore[arg-type]

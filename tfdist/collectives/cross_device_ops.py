@@ -153,6 +153,16 @@ class AllReduce(tf.distribute.CrossDeviceOps):
         self._cost_model = cost_model or cost_model_lib.default_cost_model()
         self._fallback = tf.distribute.ReductionToOneDevice()
 
+    def with_results_needed(self, results_needed: str) -> AllReduce:
+        """A copy of this op with another `results_needed` (same settings)."""
+        return AllReduce(
+            self._algorithm,
+            bucket_bytes=self._bucket_bytes,
+            compression=self._compression,
+            cost_model=self._cost_model,
+            results_needed=results_needed,
+        )
+
     @property
     def algorithm(self) -> str:
         """The configured algorithm name ("auto" chooses per bucket)."""

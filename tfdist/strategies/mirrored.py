@@ -51,7 +51,8 @@ import tensorflow as tf
 from tfdist import devices as devices_lib
 from tfdist._internal import mirrored_extended
 from tfdist.collectives import cost_model as cost_model_lib
-from tfdist.collectives import cross_device_ops
+from tfdist import errors
+from tfdist.collectives import cross_device_ops as cross_device_ops_lib
 from tfdist.data import options as data_options
 from tfdist.input import split
 from tfdist.strategies import input_base
@@ -76,8 +77,13 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
     Args:
       devices: Device names, one replica each; `None` means all local
         accelerators, else all logical CPUs.
-      all_reduce: "auto" (cost model per bucket), "ring", "tree" or
-        "reduce_to_one".
+      cross_device_ops: TF's argument: the `tf.distribute.CrossDeviceOps`
+        that reduces gradients, a tfdist `AllReduce` (e.g.
+        `tfdist.RingAllReduce()`) or any of TF's (e.g.
+        `tf.distribute.HierarchicalCopyAllReduce()`); `None`: tfdist's
+        `AllReduce` built from the arguments below. Give one or the other.
+      all_reduce: "auto" (cost model per bucket, the default), "ring",
+        "tree" or "reduce_to_one".
       bucket_bytes: Byte cap of a gradient bucket, >= 1, or `None` for one
         collective per gradient.
       compression: `None`, "fp16" or "bf16" for the gradient transfers
@@ -87,13 +93,14 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
       update_once_on_host: Apply each variable update once and copy it to
         the other devices (see the module docstring). `None`: only when
         every device is a CPU of this process.
-      shard_options: `None` to split each batch of a plain dataset over the
-        replicas (`tfdist.data.split_batches`), or a
-        `tfdist.data.ShardOptions` to shard it with `tfdist.data.shard`.
+      shard_options: `None` to cut each global batch of a plain dataset
+        over the replicas, or a `tfdist.data.ShardOptions` to shard it with
+        `tfdist.data.shard`.
 
     Raises:
-      ConfigError: Unknown `all_reduce` or `compression`, or a
-        non-positive `bucket_bytes`.
+      ConfigError: Unknown `all_reduce` or `compression`, a non-positive
+        `bucket_bytes`, or `cross_device_ops` together with tfdist's
+        all-reduce arguments.
       DeviceConfigError: Empty, duplicate or non-existent devices.
       TypeError: Arguments of the wrong type.
 
@@ -108,9 +115,10 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
     def __init__(
         self,
         devices: Sequence[str] | None = None,
+        cross_device_ops: tf.distribute.CrossDeviceOps | None = None,
         *,
-        all_reduce: str = "auto",
-        bucket_bytes: int | None = cross_device_ops.DEFAULT_BUCKET_BYTES,
+        all_reduce: str | None = None,
+        bucket_bytes: int | None = cross_device_ops_lib.DEFAULT_BUCKET_BYTES,
         compression: str | None = None,
         cost_model: cost_model_lib.CostModel | None = None,
         update_once_on_host: bool | None = None,
@@ -124,36 +132,51 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
                 f"update_once_on_host={update_once_on_host!r}."
             )
         # Before resolve_local_devices, which starts the TF runtime.
-        cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
+        _check_cross_device_ops(
+            cross_device_ops,
+            all_reduce=all_reduce,
+            bucket_bytes=bucket_bytes,
+            compression=compression,
+            cost_model=cost_model,
+        )
+        if cross_device_ops is None:
+            cross_device_ops_lib.check_options(
+                all_reduce or "auto", bucket_bytes, compression
+            )
         input_base.check_shard_options(shard_options)
         resolved = devices_lib.resolve_local_devices(devices)
         host_memory = devices_lib.share_host_memory(resolved)
         if update_once_on_host is None:
             update_once_on_host = len(resolved) > 1 and host_memory
-        all_reduce_op = cross_device_ops.AllReduce(
-            all_reduce,
-            bucket_bytes=bucket_bytes,
-            compression=compression,
-            cost_model=cost_model,
-            results_needed="first" if update_once_on_host else "all",
-        )
+        results_needed = "first" if update_once_on_host else "all"
+        if cross_device_ops is None:
+            reducer: tf.distribute.CrossDeviceOps = cross_device_ops_lib.AllReduce(
+                all_reduce or "auto",
+                bucket_bytes=bucket_bytes,
+                compression=compression,
+                cost_model=cost_model,
+                results_needed=results_needed,
+            )
+        elif isinstance(cross_device_ops, cross_device_ops_lib.AllReduce):
+            reducer = cross_device_ops.with_results_needed(results_needed)
+        else:
+            reducer = cross_device_ops
         extended = _MirroredExtended(
             self,
             devices=list(resolved),
-            cross_device_ops=all_reduce_op,
+            cross_device_ops=reducer,
             update_once=update_once_on_host,
         )
         # tf.distribute.MirroredStrategy.__init__ only builds TF's
         # MirroredExtended; this is that body with tfdist's subclass.
         tf.distribute.Strategy.__init__(self, extended)
-        self._all_reduce_op = all_reduce_op
+        self._all_reduce_op = reducer
         self._update_once_on_host = update_once_on_host
         self._shard_options = shard_options
-        self._host_memory = host_memory
 
     @property
-    def cross_device_ops(self) -> cross_device_ops.AllReduce:
-        """The `tfdist.collectives.AllReduce` that reduces gradients."""
+    def cross_device_ops(self) -> tf.distribute.CrossDeviceOps:
+        """What reduces gradients: a tfdist `AllReduce` unless TF's was given."""
         return self._all_reduce_op
 
     @property
@@ -182,7 +205,7 @@ class _MirroredExtended(mirrored_extended.MirroredExtended):  # type: ignore[mis
         container_strategy: MirroredStrategy,
         *,
         devices: list[str],
-        cross_device_ops: cross_device_ops.AllReduce,
+        cross_device_ops: tf.distribute.CrossDeviceOps,
         update_once: bool,
     ) -> None:
         super().__init__(
@@ -215,3 +238,41 @@ class _MirroredExtended(mirrored_extended.MirroredExtended):  # type: ignore[mis
                 copied = component.assign(value)
             updates.append(tf.nest.map_structure(lambda _: copied, result))
         return mirrored_extended.update_regroup(self, updates, group)
+
+
+def _check_cross_device_ops(
+    cross_device_ops: object,
+    *,
+    all_reduce: str | None,
+    bucket_bytes: int | None,
+    compression: str | None,
+    cost_model: object,
+) -> None:
+    """Checks TF's `cross_device_ops` argument against tfdist's own."""
+    if cross_device_ops is None:
+        return
+    if not isinstance(cross_device_ops, tf.distribute.CrossDeviceOps):
+        raise TypeError(
+            "cross_device_ops must be a tf.distribute.CrossDeviceOps (a tfdist "
+            "AllReduce such as tfdist.RingAllReduce(), or one of TF's); "
+            f"received cross_device_ops={cross_device_ops!r} of type "
+            f"{type(cross_device_ops).__name__}."
+        )
+    given = {
+        name: value
+        for name, value, default in (
+            ("all_reduce", all_reduce, None),
+            ("bucket_bytes", bucket_bytes, cross_device_ops_lib.DEFAULT_BUCKET_BYTES),
+            ("compression", compression, None),
+            ("cost_model", cost_model, None),
+        )
+        if value is not default
+    }
+    if given:
+        settings = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise errors.ConfigError(
+            f"cross_device_ops={cross_device_ops!r} and {settings} both say "
+            "how to reduce gradients. Pass the settings to the AllReduce "
+            "you give (e.g. tfdist.AllReduce('ring', bucket_bytes=...)), or "
+            "drop cross_device_ops."
+        )

@@ -35,7 +35,7 @@ from tfdist._internal import cross_device
 from tfdist._internal import keras_compat
 from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
-from tfdist.cluster import parse_tf_config
+from tfdist.cluster import resolver as resolver_lib
 from tfdist.cluster import to_cluster_resolver
 from tfdist.collectives import cross_device_ops
 from tfdist.collectives import cross_worker
@@ -86,7 +86,13 @@ class MultiWorkerMirroredStrategy(
 
     Args:
       cluster: A `tfdist.cluster.ClusterConfig`, a TF_CONFIG JSON string or
-        dict, or `None` to read the `TF_CONFIG` environment variable.
+        dict, a TF `ClusterResolver` (TF's first argument), or `None` to
+        read the `TF_CONFIG` environment variable.
+      communication_options: TF's `tf.distribute.experimental.
+        CommunicationOptions`: `timeout_seconds` is `timeout_s`,
+        `bytes_per_pack` is `bucket_bytes`, `implementation` is passed to
+        TF's collectives (ring on CPUs). Give these settings one way only.
+      cluster_resolver: TF's keyword for `cluster`.
       all_reduce: tfdist's algorithm for the local stage on workers with
         several devices ("auto", "ring", "tree", "reduce_to_one").
       bucket_bytes: Byte cap of a gradient bucket (one cross-worker
@@ -95,7 +101,10 @@ class MultiWorkerMirroredStrategy(
         that dtype and are summed in float32 (see
         `tfdist/collectives/cross_worker.py`).
       timeout_s: Bound on each cross-worker collective and on start-up,
-        seconds (> 0).
+        seconds (> 0); default `DEFAULT_TIMEOUT_S` (300).
+      shard_options: `None` to cut each global batch of a plain dataset
+        over all replicas of all workers, or a `tfdist.data.ShardOptions`
+        to shard it with `tfdist.data.shard`.
 
     Raises:
       ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, or this
@@ -103,8 +112,10 @@ class MultiWorkerMirroredStrategy(
       WorkerUnavailableError: If the cluster does not start within
         `timeout_s`; names the tasks that do not accept connections.
       ConfigError: For a non-positive `timeout_s` or `bucket_bytes`, an
-        unknown `all_reduce` or `compression`, or a task type that does not
-        train (ps, evaluator).
+        unknown `all_reduce` or `compression`, a task type that does not
+        train (ps, evaluator), or a setting given twice (`cluster` and
+        `cluster_resolver`, or in `communication_options` and as tfdist's
+        argument).
 
     Example:
       >>> strategy = tfdist.MultiWorkerMirroredStrategy()  # from TF_CONFIG
@@ -117,15 +128,20 @@ class MultiWorkerMirroredStrategy(
     def __init__(
         self,
         cluster: ClusterConfig | str | dict[str, Any] | None = None,
+        communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
         *,
+        cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
         all_reduce: str = "auto",
         bucket_bytes: int | None = cross_device_ops.DEFAULT_BUCKET_BYTES,
         compression: str | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        timeout_s: float | None = None,
         shard_options: data_options.ShardOptions | None = None,
     ) -> None:
         # dict[str, Any]: TF_CONFIG is free-form JSON; parse_tf_config checks it.
-        config = cluster if isinstance(cluster, ClusterConfig) else parse_tf_config(cluster)
+        config = resolver_lib.resolve_cluster(cluster, cluster_resolver)
+        timeout_s, bucket_bytes, implementation = _communication_settings(
+            communication_options, timeout_s, bucket_bytes
+        )
         timeout = validation.check_positive_number("timeout_s", timeout_s)
         cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
         input_base.check_shard_options(shard_options)
@@ -149,7 +165,7 @@ class MultiWorkerMirroredStrategy(
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=bucket_bytes or 0,
             # No per-op timeout: the watchdog bounds the collectives.
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+            implementation=implementation,
         )
         try:
             super().__init__(
@@ -247,3 +263,43 @@ class MultiWorkerMirroredStrategy(
             num_workers=self._cluster_config.num_workers,
             worker_index=worker_index,
         )
+
+
+def _communication_settings(
+    options: object, timeout_s: float | None, bucket_bytes: int | None
+) -> tuple[float, int | None, Any]:
+    """(timeout_s, bucket_bytes, TF implementation) from TF's options and tfdist's.
+
+    Raises:
+      TypeError: If `options` is not TF's `CommunicationOptions`.
+      ConfigError: If a setting is given both ways, differently.
+    """
+    ring = tf.distribute.experimental.CommunicationImplementation.RING
+    if options is None:
+        return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, ring
+    if not isinstance(options, tf.distribute.experimental.CommunicationOptions):
+        raise TypeError(
+            "communication_options must be a tf.distribute.experimental."
+            f"CommunicationOptions; received {options!r} of type "
+            f"{type(options).__name__}."
+        )
+    if options.timeout_seconds is not None:
+        if timeout_s is not None and timeout_s != options.timeout_seconds:
+            raise errors.ConfigError(
+                f"timeout_s={timeout_s!r} and communication_options."
+                f"timeout_seconds={options.timeout_seconds!r} disagree. Give "
+                "the timeout once."
+            )
+        timeout_s = options.timeout_seconds
+    if options.bytes_per_pack:
+        if bucket_bytes not in (cross_device_ops.DEFAULT_BUCKET_BYTES, options.bytes_per_pack):
+            raise errors.ConfigError(
+                f"bucket_bytes={bucket_bytes!r} and communication_options."
+                f"bytes_per_pack={options.bytes_per_pack!r} disagree. Give the "
+                "bucket size once."
+            )
+        bucket_bytes = options.bytes_per_pack
+    implementation = options.implementation
+    if implementation == tf.distribute.experimental.CommunicationImplementation.AUTO:
+        implementation = ring
+    return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, implementation

@@ -16,11 +16,12 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 # Test-only oracle: TF's own chief/worker-count rules. Library code keeps TF
-# internals in tfdist/_internal/tf_private.py; tests may compare against them.
+# internals in tfdist/_internal/; tests may compare against them.
 from tensorflow.python.distribute import multi_worker_util
 
 import tfdist
 from tfdist import cluster
+from tfdist.cluster import resolver as resolver_lib
 
 _PS_JOBS = {
     "chief": ["c0:2222"],
@@ -203,6 +204,49 @@ class ToClusterResolverTest(parameterized.TestCase):
     def test_raises_type_error_non_config(self):
         with self.assertRaisesRegex(TypeError, "ClusterConfig"):
             cluster.to_cluster_resolver({"cluster": {}})  # type: ignore[arg-type]
+
+
+class FromClusterResolverTest(parameterized.TestCase):
+    """TF's `cluster_resolver=` argument, read back into a ClusterConfig."""
+
+    @parameterized.named_parameters(*_CASES)
+    def test_round_trip_through_tf_resolver_gives_the_same_config(self, text):
+        config = cluster.parse_tf_config(text)
+        self.assertEqual(
+            resolver_lib.from_cluster_resolver(cluster.to_cluster_resolver(config)),
+            config,
+        )
+
+    def test_simple_cluster_resolver_becomes_the_equivalent_config(self):
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(_PS_JOBS), task_type="worker", task_id=1,
+            rpc_layer="grpc",
+        )
+        config = resolver_lib.from_cluster_resolver(resolver)
+        self.assertEqual(config.task, cluster.TaskSpec("worker", 1))
+        self.assertEqual(config.cluster.to_dict(), _PS_JOBS)
+
+    def test_task_outside_the_resolvers_cluster_is_a_cluster_config_error(self):
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": ["w0:1"]}), task_type="worker", task_id=3
+        )
+        with self.assertRaisesRegex(tfdist.errors.ClusterConfigError, "index=3"):
+            resolver_lib.from_cluster_resolver(resolver)
+
+    def test_cluster_and_cluster_resolver_together_are_refused(self):
+        resolver = cluster.to_cluster_resolver(cluster.ClusterConfig.local())
+        with self.assertRaisesRegex(tfdist.errors.ConfigError, "cluster_resolver="):
+            resolver_lib.resolve_cluster("{}", resolver)
+
+    def test_resolver_as_first_argument_is_accepted_as_tf_does(self):
+        config = cluster.parse_tf_config(_CASES[3][1])
+        self.assertEqual(
+            resolver_lib.resolve_cluster(cluster.to_cluster_resolver(config)), config
+        )
+
+    def test_non_resolver_is_a_type_error(self):
+        with self.assertRaisesRegex(TypeError, "ClusterResolver"):
+            resolver_lib.from_cluster_resolver("grpc://w0:1")  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

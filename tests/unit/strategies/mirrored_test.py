@@ -51,6 +51,48 @@ class ConstructionTest(tf.test.TestCase, parameterized.TestCase):
             tfdist.MirroredStrategy(**kwargs)
 
 
+class TfConstructorArgumentsTest(tf.test.TestCase, parameterized.TestCase):
+    """`tf.distribute.MirroredStrategy(devices, cross_device_ops)` as TF's guide writes it."""
+
+    def test_tf_cross_device_ops_is_used_for_gradients(self):
+        ops = tf.distribute.HierarchicalCopyAllReduce()
+        strategy = tfdist.MirroredStrategy(DEVICES, cross_device_ops=ops)
+        self.assertIs(strategy.cross_device_ops, ops)
+        self.assertIs(strategy.extended._cross_device_ops, ops)
+
+    def test_tfdist_all_reduce_is_taken_with_its_settings(self):
+        strategy = tfdist.MirroredStrategy(
+            DEVICES, tfdist.AllReduce("ring", bucket_bytes=1 << 10, compression="fp16")
+        )
+        ops = strategy.cross_device_ops
+        self.assertEqual(
+            (ops.algorithm, ops.bucket_bytes, ops.compression.value),
+            ("ring", 1 << 10, "fp16"),
+        )
+
+    def test_fit_with_tf_cross_device_ops_matches_tfdist_default(self):
+        default = _fit(tfdist.MirroredStrategy(DEVICES))
+        with_tf_ops = _fit(
+            tfdist.MirroredStrategy(DEVICES, tf.distribute.HierarchicalCopyAllReduce())
+        )
+        tfdist.testing.assert_weights_close(with_tf_ops, default, rtol=1e-5, atol=1e-6)
+
+    @parameterized.named_parameters(
+        {"testcase_name": "all_reduce", "kwargs": {"all_reduce": "ring"}, "text": "all_reduce='ring'"},
+        {"testcase_name": "bucket_bytes", "kwargs": {"bucket_bytes": 64}, "text": "bucket_bytes=64"},
+        {"testcase_name": "compression", "kwargs": {"compression": "bf16"}, "text": "compression='bf16'"},
+    )
+    def test_cross_device_ops_with_tfdist_settings_is_refused(self, kwargs, text):
+        with self.assertRaisesRegex(errors.ConfigError, text):
+            tfdist.MirroredStrategy(
+                DEVICES, cross_device_ops=tf.distribute.ReductionToOneDevice(), **kwargs
+            )
+
+    def test_cross_device_ops_of_the_wrong_type_is_refused(self):
+        with self.assertRaisesRegex(TypeError, "cross_device_ops='ring'"):
+            tfdist.MirroredStrategy(DEVICES, cross_device_ops="ring")
+
+
 def _fit(strategy):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 6)).astype("float32")
