@@ -35,6 +35,7 @@ setuptools.setup(
             "hypothesis>=6.100",
             "pyyaml>=6",
             "mypy>=1.10",
+            "tensorboard>=2.16,<2.22",  # Tutorials' TensorBoard callback (tests/conformance).
         ],
         "bench": ["matplotlib>=3.7"],
     },

@@ -6,15 +6,19 @@ Private TF API used (tested range: see setup.py):
   TF's own tf.data service and auto-sharding serialize); used to find
   what makes copies of a pipeline differ (`tfdist/input/determinism.py`);
 - `dataset_options_pb2.Options`: the serialized `tf.data.Options` of an
-  `OptionsDataset` node.
+  `OptionsDataset` node;
+- `data.experimental.ops.distribute.compute_batch_size`: the batch size of
+  a pipeline from its graph, without iterating it (what TF's rebatching
+  uses).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 from tensorflow.core.framework import dataset_options_pb2 as _options_pb2
+from tensorflow.python.data.experimental.ops import distribute as _data_distribute
 
-__all__ = ["options_allow_reordering", "pipeline_graph"]
+__all__ = ["batch_size", "options_allow_reordering", "pipeline_graph"]
 
 
 def pipeline_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
@@ -39,3 +43,15 @@ def options_allow_reordering(serialized_options: bytes) -> bool:
     return options.WhichOneof("optional_deterministic") is not None and not (
         options.deterministic
     )
+
+
+def batch_size(dataset: tf.data.Dataset) -> int | None:
+    """The size `dataset` was batched with (partial batches aside), or None.
+
+    Read from the pipeline's graph (its last `batch` or `padded_batch`);
+    None when no batching op is found, batch sizes contradict each other,
+    or a later op may change it. Creates no iterator, so a reshuffling
+    pipeline is not advanced. Must be called eagerly.
+    """
+    size = int(_data_distribute.compute_batch_size(dataset))
+    return size if size > 0 else None

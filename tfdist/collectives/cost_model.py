@@ -23,7 +23,9 @@ Calibration measures, on the actual devices, each algorithm's time at
 several message sizes and solves its formula, between each pair of adjacent
 sizes, for that algorithm's own alpha and beta (`T = steps * alpha +
 factor * S * beta`); a message uses the constants of the size range it
-falls in. Per-algorithm constants matter on hosts where "links" are memory
+falls in. Only the ranges that messages fall in are measured, each the
+first time it is needed: a model whose buckets stay at or under 4 MiB never
+times the 16 and 64 MiB messages, which cost most of a full calibration. Per-algorithm constants matter on hosts where "links" are memory
 copies of very different cost (logical CPUs share one memory bus and
 caches: time per byte at 4 MiB and at 64 MiB differ by 2x there), and
 reduce to the textbook model where links are real. `AlphaBeta` constants can also be given directly, which keeps tests
@@ -195,26 +197,35 @@ class CostModel:
                     "CostModel constants={} is empty; give at least one "
                     f"algorithm from {_ALGORITHMS}, or None to calibrate."
                 )
-        self._calibrated: dict[
-            tuple[str, ...], dict[str, tuple[AlphaBeta, ...]]
-        ] = {}
+        # devices -> message size -> contender -> seconds (see `calibrate`).
+        self._timings: dict[tuple[str, ...], dict[int, dict[str, float]]] = {}
 
     def constants_for(
         self, devices: Sequence[str], num_bytes: int = 0
     ) -> Mapping[str, AlphaBeta]:
         """Per-algorithm constants for messages of `num_bytes` on `devices`.
 
-        Calibrates once per device set (later calls reuse the measurement).
+        Calibrates the size range of `num_bytes` on first use per device set
+        (later calls reuse the measurement).
         """
         if self._fixed is not None:
             return self._fixed
-        key = tuple(devices)
-        if key not in self._calibrated:
-            self._calibrated[key] = calibrate(devices)
+        segment = self._calibrated_segment(devices, num_bytes)
+        return {name: value for name, value in segment.items() if name != _PACK}
+
+    def _calibrated_segment(
+        self, devices: Sequence[str], num_bytes: int
+    ) -> dict[str, AlphaBeta]:
+        """Every contender's constants for the size range holding `num_bytes`."""
+        index = _segment_index(num_bytes)
+        sizes = CALIBRATION_SIZES_BYTES[index : index + 2]
+        timings = self._timings.setdefault(tuple(devices), {})
+        missing = [size for size in sizes if size not in timings]
+        if missing:
+            timings.update(calibrate(devices, sizes=missing))
         return {
-            name: _segment_for(segments, num_bytes)
-            for name, segments in self._calibrated[key].items()
-            if name != _PACK
+            name: _fit(name, len(devices), sizes, [timings[size][name] for size in sizes])
+            for name in timings[sizes[0]]
         }
 
     def choose(
@@ -241,8 +252,7 @@ class CostModel:
         """The cost of packing a `num_bytes` bucket on `devices`."""
         if self._fixed is not None or self._fixed_pack is not None:
             return self._fixed_pack or AlphaBeta(0.0, 0.0)
-        self.constants_for(devices, num_bytes)  # Calibrates if needed.
-        return _segment_for(self._calibrated[tuple(devices)][_PACK], num_bytes)
+        return self._calibrated_segment(devices, num_bytes)[_PACK]
 
     def should_pack(
         self,
@@ -303,8 +313,8 @@ def default_cost_model() -> CostModel:
 
     Calibration measures the hardware, which does not change while the
     process runs, so every strategy built with `all_reduce="auto"` and no
-    `cost_model` shares this one instance and each device set is measured
-    once per process (a few seconds), not once per strategy.
+    `cost_model` shares this one instance and each device set's size ranges
+    are measured once per process, not once per strategy.
     """
     global _DEFAULT_MODEL
     if _DEFAULT_MODEL is None:
@@ -325,25 +335,25 @@ _PACK = "pack"
 _PACK_PIECES = 8
 
 
-def calibrate(devices: Sequence[str]) -> dict[str, tuple[AlphaBeta, ...]]:
-    """Measures every algorithm on `devices` and fits its alpha and beta.
+def calibrate(
+    devices: Sequence[str], *, sizes: Sequence[int] = CALIBRATION_SIZES_BYTES
+) -> dict[int, dict[str, float]]:
+    """Times every algorithm, and packing, on `devices` at each of `sizes`.
 
-    Runs eagerly (lifted out of any enclosing `tf.function` trace), takes
-    a few seconds, and must be called where all `devices` are local. The
-    cost of calling a function with the same inputs and outputs is timed
-    too and subtracted: it is paid once per step, not per collective.
+    Runs eagerly (lifted out of any enclosing `tf.function` trace) and must
+    be called where all `devices` are local; time grows with the size (the
+    64 MiB messages cost most of a full calibration). The cost of calling a function with the same inputs and outputs is
+    timed too and subtracted: it is paid once per step, not per
+    collective.
 
     Returns:
-      Per algorithm name, and for "pack" (a concat of 8 pieces on every
-      device), one `AlphaBeta` per pair of adjacent
-      `CALIBRATION_SIZES_BYTES` (the first also covers smaller messages,
-      the last larger ones).
+      Per size (bytes per device), the seconds of each algorithm name and
+      of "pack" (a concat of 8 pieces on every device): fastest of
+      `_CALIBRATION_REPEATS` calls, call cost subtracted.
     """
     import tensorflow as tf  # Late: the formulas above need no TensorFlow.
 
     from tfdist.collectives import _algorithms
-
-    n = len(devices)
 
     def pack(xs):  # type: ignore[no-untyped-def]
         # A bucket of _PACK_PIECES tensors per device, concatenated. (The
@@ -369,34 +379,25 @@ def calibrate(devices: Sequence[str]) -> dict[str, tuple[AlphaBeta, ...]]:
 
     contenders = {name: run_algorithm(name) for name in _algorithms.ALGORITHMS}
     contenders[_PACK] = pack
-    result: dict[str, tuple[AlphaBeta, ...]] = {}
+    result: dict[int, dict[str, float]] = {}
     with tf.init_scope():
-        call_cost = {
-            (num_bytes, packed): _fastest_s(
-                pass_through, _inputs(devices, num_bytes, packed=packed)
-            )
-            for num_bytes in CALIBRATION_SIZES_BYTES
-            for packed in (False, True)
-        }
-        for name, body in contenders.items():
-            packed = name == _PACK
-            timings = [
-                max(
-                    _fastest_s(body, _inputs(devices, num_bytes, packed=packed))
-                    - call_cost[num_bytes, packed],
+        for num_bytes in sizes:
+            inputs = {
+                packed: _inputs(devices, num_bytes, packed=packed)
+                for packed in (False, True)
+            }
+            call_cost = {
+                packed: _fastest_s(pass_through, inputs[packed])
+                for packed in (False, True)
+            }
+            result[num_bytes] = {
+                name: max(
+                    _fastest_s(body, inputs[name == _PACK])
+                    - call_cost[name == _PACK],
                     0.0,
                 )
-                for num_bytes in CALIBRATION_SIZES_BYTES
-            ]
-            result[name] = tuple(
-                _fit(
-                    name,
-                    n,
-                    CALIBRATION_SIZES_BYTES[i : i + 2],
-                    timings[i : i + 2],
-                )
-                for i in range(len(timings) - 1)
-            )
+                for name, body in contenders.items()
+            }
     return result
 
 
@@ -431,12 +432,16 @@ def _fastest_s(body, inputs) -> float:  # type: ignore[no-untyped-def]
     return fastest
 
 
-def _segment_for(segments: Sequence[AlphaBeta], num_bytes: int) -> AlphaBeta:
-    """The constants fitted for the size range holding `num_bytes`."""
-    for upper, constants in zip(CALIBRATION_SIZES_BYTES[1:], segments):
+def _segment_index(num_bytes: int) -> int:
+    """Which pair of adjacent calibration sizes holds `num_bytes`.
+
+    Pair i is `CALIBRATION_SIZES_BYTES[i : i + 2]`; the first pair also
+    covers smaller messages, the last larger ones.
+    """
+    for index, upper in enumerate(CALIBRATION_SIZES_BYTES[1:-1]):
         if num_bytes <= upper:
-            return constants
-    return segments[-1]
+            return index
+    return len(CALIBRATION_SIZES_BYTES) - 2
 
 
 def _fit(

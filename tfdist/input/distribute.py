@@ -28,6 +28,7 @@ from absl import logging
 
 from tfdist import errors
 from tfdist._internal import input_values
+from tfdist._internal import tf_data
 from tfdist.data import options as options_lib
 from tfdist.input import data_service
 from tfdist.input import dataset as dataset_lib
@@ -147,23 +148,16 @@ def map_batches(dataset: tf.data.Dataset, fn: Any) -> tf.data.Dataset:
 
 
 def nominal_batch_size(dataset: tf.data.Dataset) -> int | None:
-    """The global batch size `dataset` was batched with, as well as known.
+    """The global batch size `dataset` was batched with, if it can be known.
 
     The static batch dimension when there is one; otherwise (a partial last
-    batch makes it unknown) the rows of the first batch, read once, unless
-    the dataset has at most one batch (then that batch may be the partial
-    one, and no batch size is implied).
+    batch makes it unknown) the size its `batch` op was given, read from the
+    pipeline's graph. None when neither says (e.g. Keras's own numpy
+    pipeline, which slices index batches); the data is never read, so a
+    reshuffling pipeline is not advanced.
     """
     first_leaf = tf.nest.flatten(dataset.element_spec)[0]
     static = first_leaf.shape[0] if first_leaf.shape.rank else None
     if static is not None:
         return int(static)
-    cardinality = int(dataset.cardinality())
-    if 0 <= cardinality <= 1:
-        return None
-    first = next(iter(dataset.take(1)), None)
-    if first is None:
-        return None
-    leaf = tf.nest.flatten(first)[0]
-    rows = leaf.nrows() if isinstance(leaf, tf.RaggedTensor) else tf.shape(leaf)[0]
-    return int(rows)
+    return tf_data.batch_size(dataset)
