@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,11 @@ RTOL = 1e-4
 ATOL = 1e-5
 
 
+#: Workers of the multi-worker ports, and their bound (start-up included).
+NUM_WORKERS = 2
+CLUSTER_TIMEOUT_S = 180
+
+
 def make_strategy(contender: str) -> tf.distribute.Strategy:
     """The contender's strategy, built as its tutorial builds TF's."""
     if contender == "one_device":
@@ -63,6 +68,10 @@ def make_strategy(contender: str) -> tf.distribute.Strategy:
         return tf.distribute.MirroredStrategy(DEVICES)
     if contender == "tfdist":
         return tfdist.MirroredStrategy(DEVICES)
+    if contender == "tf_multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if contender == "tfdist_multi_worker":
+        return tfdist.MultiWorkerMirroredStrategy(timeout_s=60)
     raise ValueError(f"unknown contender {contender!r}")
 
 
@@ -203,6 +212,31 @@ class Record:
     values: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def recorded(port: Callable[[str, str], Record], contender: str, workdir: str) -> Record:
+    """`port(contender, workdir)`, or a `Record` of the exception it raised."""
+    try:
+        return port(contender, workdir)
+    except Exception as e:  # The contender failed the pattern; record how.
+        if os.environ.get("CONFORMANCE_DEBUG"):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return Record(error=f"{type(e).__name__}: {first[:300]}")
+
+
+def run_on_cluster(worker_fn: Callable[..., Record], contender: str, workdir: str) -> tuple[Record, ...]:
+    """`worker_fn(contender, workdir)` on every task of a local 2-worker cluster.
+
+    `worker_fn` must be a module-level function that returns a `Record`
+    (catching what its tutorial code raises, with `recorded`).
+    """
+    return tfdist.testing.run_local_cluster(
+        worker_fn,
+        num_workers=NUM_WORKERS,
+        args=(contender, workdir),
+        timeout_s=CLUSTER_TIMEOUT_S,
+    )
+
+
 def run_contenders(
     port: Callable[[str, str], Record], workdir: str
 ) -> dict[str, Record]:
@@ -215,13 +249,7 @@ def run_contenders(
         directory = os.path.join(workdir, contender)
         os.makedirs(directory, exist_ok=True)
         keras.utils.set_random_seed(SEED)
-        try:
-            records[contender] = port(contender, directory)
-        except Exception as e:  # The contender failed the pattern; record how.
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            records[contender] = Record(error=f"{type(e).__name__}: {first[:300]}")
-            if os.environ.get("CONFORMANCE_DEBUG"):
-                raise
+        records[contender] = recorded(port, contender, directory)
     return records
 
 
@@ -234,13 +262,34 @@ class ConformanceTestCase(tf.test.TestCase):
     def assert_each_example_once_per_epoch(self, record: Record, num_examples: int, epochs: int) -> None:
         self.assert_ran(record)
         self.assertLen(record.train_counts, epochs)
-        for epoch, counts in enumerate(record.train_counts):
+        self._assert_once_per_epoch(record.train_counts, num_examples)
+
+    def assert_workers_saw_each_example_once_per_epoch(
+        self, workers: Sequence[Record], num_examples: int, epochs: int
+    ) -> None:
+        """Summed over the workers, every training example once per epoch."""
+        for record in workers:
+            self.assert_ran(record)
+            self.assertLen(record.train_counts, epochs)
+        self._assert_once_per_epoch(
+            [sum(epoch) for epoch in zip(*(r.train_counts for r in workers))],
+            num_examples,
+        )
+
+    def assert_workers_agree(self, workers: Sequence[Record]) -> None:
+        """Every worker ends with the same weights (synchronous training)."""
+        for record in workers[1:]:
+            for a, b in zip(record.weights, workers[0].weights):
+                self.assertAllClose(a, b, rtol=0, atol=0)
+
+    def _assert_once_per_epoch(self, per_epoch: Sequence[np.ndarray], num_examples: int) -> None:
+        for epoch, counts in enumerate(per_epoch):
             with self.subTest(epoch=epoch):
                 seen = np.bincount(counts[:num_examples], minlength=3)
                 self.assertTrue(
                     np.all(counts[:num_examples] == 1),
                     f"epoch {epoch}: {seen[0]} examples never seen, {seen[1]} once, "
-                    f"{len(counts) - seen[0] - seen[1]} more than once",
+                    f"{num_examples - seen[0] - seen[1]} more than once",
                 )
 
     def assert_inference_counts(self, record: Record, expected: list[np.ndarray]) -> None:

@@ -26,7 +26,9 @@ private and may move.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import inspect
 import os
 import shutil
 import sys
@@ -38,8 +40,9 @@ from typing import Any
 import tensorflow as tf
 
 __all__ = [
+    "KerasStep",
     "gradients_scaled",
-    "keras_train_step",
+    "keras_step",
     "loss_factor",
     "redirect_non_chief_checkpoints",
 ]
@@ -110,33 +113,61 @@ def redirect_non_chief_checkpoints(task_name: str) -> bool:
 #: tf-keras's per-step closure (Model.make_train_function) that calls
 #: `model.train_step(data)` inside `strategy.run`.
 _TF_KERAS_RUN_STEP = "Model.make_train_function.<locals>.step_function.<locals>.run_step"
+#: Keras 3's predict step (TensorFlowTrainer.make_predict_function).
+_KERAS3_PREDICT_STEP = "make_predict_function.<locals>.one_step_on_data"
 
 
-def keras_train_step(fn: Callable[..., Any]) -> tuple[Any, bool] | None:
-    """Whether `strategy.run(fn, ...)` is a step of Keras's `fit`.
+@dataclasses.dataclass(frozen=True)
+class KerasStep:
+    """A step of Keras's `fit`, `evaluate` or `predict` given to `strategy.run`.
 
-    Keras 3's `fit` calls `strategy.run(model.train_step, (data,))`;
-    tf-keras's calls it with a closure that calls `model.train_step(data)`.
-
-    Returns:
-      None if `fn` is neither; else `(model, builtin)`, where `builtin` says
-      the model's `train_step` is Keras's own (not a user's override, which
-      may unpack its data in its own way).
+    Attributes:
+      model: The Keras model.
+      kind: "train", "test" or "predict".
+      builtin: Whether it is Keras's own step (a user's `train_step`
+        override may unpack its data in its own way).
     """
+
+    model: Any
+    kind: str
+    builtin: bool
+
+
+def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
+    """Which step of Keras `fn` is, when `strategy.run(fn, ...)` is Keras's.
+
+    Keras 3 calls `strategy.run(model.train_step, (data,))` (and
+    `test_step`), and its predict step is a closure over the model;
+    tf-keras's `fit` calls it with a closure that calls
+    `model.train_step(data)`. Returns None for anything else (a custom
+    loop's step).
+    """
+    trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
     model = getattr(fn, "__self__", None)
-    if model is not None and getattr(fn, "__name__", None) == "train_step":
-        trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
-        if trainer is not None and isinstance(model, trainer.TensorFlowTrainer):
-            return model, fn.__func__ is trainer.TensorFlowTrainer.train_step
+    name = getattr(fn, "__name__", None)
+    if trainer is not None and isinstance(model, trainer.TensorFlowTrainer):
+        if name in ("train_step", "test_step"):
+            builtin_fn = getattr(trainer.TensorFlowTrainer, name)
+            return KerasStep(model, name[: -len("_step")], fn.__func__ is builtin_fn)
         return None
-    if getattr(fn, "__qualname__", None) != _TF_KERAS_RUN_STEP:
+    qualname = getattr(fn, "__qualname__", "") or ""
+    if trainer is not None and qualname.endswith(_KERAS3_PREDICT_STEP):
+        # Wrapped by Keras (functools.wraps; a tf.function under jit_compile).
+        inner = inspect.unwrap(getattr(fn, "python_function", fn))
+        inner = inspect.unwrap(getattr(inner, "python_function", inner))
+        code = getattr(inner, "__code__", None)
+        cells = dict(zip(code.co_freevars, inner.__closure__ or ())) if code else {}
+        if "self" in cells:
+            return KerasStep(cells["self"].cell_contents, "predict", True)
+        return None
+    if qualname != _TF_KERAS_RUN_STEP:
         return None
     training = sys.modules.get("tf_keras.src.engine.training")
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
     if training is None or "model" not in cells:
         return None
     model = cells["model"].cell_contents
-    return model, type(model).train_step is training.Model.train_step
+    return KerasStep(model, "train", type(model).train_step is training.Model.train_step)
 
 
 # --------------------------------------------------------------------------

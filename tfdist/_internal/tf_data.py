@@ -9,7 +9,10 @@ Private TF API used (tested range: see setup.py):
   `OptionsDataset` node;
 - `data.experimental.ops.distribute.compute_batch_size`: the batch size of
   a pipeline from its graph, without iterating it (what TF's rebatching
-  uses).
+  uses);
+- `DatasetFromGraph` (`tf.raw_ops`, public) with `from_variant`: a pipeline
+  rebuilt from an edited graph (in this process, so the resources and
+  Python functions it refers to are still there).
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ import tensorflow as tf
 from tensorflow.core.framework import dataset_options_pb2 as _options_pb2
 from tensorflow.python.data.experimental.ops import distribute as _data_distribute
 
-__all__ = ["batch_size", "options_allow_reordering", "pipeline_graph"]
+__all__ = [
+    "batch_size",
+    "dataset_from_graph",
+    "options_allow_reordering",
+    "pipeline_graph",
+]
 
 
 def pipeline_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
@@ -55,3 +63,12 @@ def batch_size(dataset: tf.data.Dataset) -> int | None:
     """
     size = int(_data_distribute.compute_batch_size(dataset))
     return size if size > 0 else None
+
+
+def dataset_from_graph(graph: tf.compat.v1.GraphDef, element_spec: object) -> tf.data.Dataset:
+    """The pipeline `graph` describes (from `pipeline_graph`, possibly edited).
+
+    Must be called eagerly, in the process that made the graph.
+    """
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
+    return tf.data.experimental.from_variant(variant, element_spec)

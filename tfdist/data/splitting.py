@@ -163,5 +163,7 @@ def slice_bounds(
 
 
 def take_rows(batch: Nested, start: tf.Tensor, size: tf.Tensor) -> Nested:
-    """Rows `[start, start + size)` of every component of `batch`."""
-    return tf.nest.map_structure(lambda t: t[start : start + size], batch)
+    """Rows `[start, start + size)` of every component of `batch` (None stays None)."""
+    return tf.nest.map_structure(
+        lambda t: None if t is None else t[start : start + size], batch
+    )

@@ -35,6 +35,7 @@ connections on every interface).
 from __future__ import annotations
 
 import itertools
+import secrets
 from typing import Any
 
 import tensorflow as tf
@@ -58,13 +59,18 @@ _KEY_PREFIX = "tfdist/input_service"
 
 
 class ChiefInputService:
-    """The chief's tf.data service for pipelines that only the chief may run.
+    """What the workers of a job agree on for input: seeds, and the chief's service.
+
+    `agreed_seed` gives every worker the same seed for a pipeline that can be
+    made to agree (`determinism.seed_shuffles`); `distribute` serves, from
+    the chief's tf.data service, a pipeline that only the chief may run.
 
     Contract: built by a multi-worker strategy on every training task;
-    `distribute` must be called by every task for the same datasets in the
-    same order (as Keras and a script run on every task do). The chief
-    starts the servers on its first call. Non-chief calls block until the
-    chief has registered the dataset, at most `timeout_s`.
+    `agreed_seed` and `distribute` must be called by every task for the
+    same datasets in the same order (as Keras and a script run on every
+    task do). The chief starts the servers on its first `distribute`.
+    Non-chief calls block until the chief has published what they need, at
+    most `timeout_s`.
 
     Args:
       config: The cluster, with this task.
@@ -87,8 +93,27 @@ class ChiefInputService:
         self._timeout_s = timeout_s
         self._prefix = f"{_KEY_PREFIX}/{next(self._instances)}"
         self._datasets = itertools.count()
+        self._seeds = itertools.count()
+        self._base_seed: int | None = None
         self._servers: tuple[Any, Any] | None = None
         self._address: str | None = None
+
+    def agreed_seed(self) -> int:
+        """A seed every worker gets alike for its next pipeline, random per job.
+
+        The chief draws a base seed once and publishes it; every call (on
+        every worker, in the same order) derives the next seed from it.
+        Non-chief calls block until the chief published it, at most
+        `timeout_s`.
+        """
+        if self._base_seed is None:
+            key = f"{self._prefix}/seed"
+            if self._is_chief:
+                self._base_seed = secrets.randbits(62)
+                coordination.set_key(key, str(self._base_seed))
+            else:
+                self._base_seed = int(self._wait_for(key, "the input seed"))
+        return (self._base_seed + 0x9E3779B97F4A7C15 * next(self._seeds)) % (1 << 62) or 1
 
     def distribute(
         self, dataset: tf.data.Dataset, nominal_batch_size: int | None

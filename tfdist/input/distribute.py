@@ -5,14 +5,22 @@
         -> each global batch cut into this worker's replica slices
         -> a DistributedDataset of per-replica values, read on the host
 
-Which batches a worker's pipeline yields (`source`):
+Which batches a worker's pipeline yields:
 
 - one worker, or a pipeline that gives the same batches on every worker
-  (`determinism.nondeterministic_ops` finds nothing): the worker reads
+  (`determinism.find_nondeterminism` finds nothing): the worker reads
   the user's dataset itself and keeps its slices of every global batch;
-- otherwise (an unseeded shuffle, a generator, random ops...) the chief
-  runs the one pipeline and each worker reads its slices of every global
-  batch from it through the tf.data service (`data_service`).
+- a pipeline whose only difference between copies is unseeded shuffles
+  (the commonest: `shuffle(n)` with no seed): the same, on a copy whose
+  shuffles use a seed all workers agree on (`determinism.seed_shuffles`);
+- otherwise (a generator, `py_function`, random ops in `map`, Keras's own
+  shuffling of numpy inputs...) the chief runs the one pipeline and each
+  worker reads its slices of every global batch from it through the
+  tf.data service (`data_service`).
+
+`agreeing_dataset_fn` does the same for a user's `dataset_fn` (which
+shards by worker itself): shuffles before the shard get agreed seeds, and
+other differences before it are refused.
 
 With `tfdist.data.ShardOptions`, the dataset is instead unbatched and
 sharded by `tfdist.data.shard` (deterministic from its seed, so every
@@ -21,6 +29,7 @@ worker computes its own share).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -29,6 +38,7 @@ from absl import logging
 from tfdist import errors
 from tfdist._internal import input_values
 from tfdist._internal import tf_data
+from tfdist._internal import tf_random
 from tfdist.data import options as options_lib
 from tfdist.input import data_service
 from tfdist.input import dataset as dataset_lib
@@ -36,7 +46,12 @@ from tfdist.input import determinism
 from tfdist.input import elements
 from tfdist.input import split
 
-__all__ = ["distribute_dataset", "map_batches", "nominal_batch_size"]
+__all__ = [
+    "agreeing_dataset_fn",
+    "distribute_dataset",
+    "map_batches",
+    "nominal_batch_size",
+]
 
 
 def distribute_dataset(
@@ -91,19 +106,82 @@ def distribute_dataset(
     if shard_options is not None:
         return _sharded(dataset, layout, shard_options, nominal)
     if chief_service is not None and layout.num_workers > 1:
-        reasons = determinism.nondeterministic_ops(dataset)
-        if reasons:
+        graph = tf_data.pipeline_graph(dataset)
+        findings = determinism.find_nondeterminism(graph)
+        if findings and all(f.fixable for f in findings):
+            dataset = determinism.seed_shuffles(dataset, graph, chief_service.agreed_seed())
+        elif findings:
             logging.info(
                 "tfdist: the input pipeline may yield different batches on "
                 "different workers (%s); the chief runs it and serves every "
                 "worker its slices (tf.data service).",
-                ", ".join(reasons),
+                ", ".join(sorted({str(f) for f in findings})),
             )
             return chief_service.distribute(dataset, nominal)
     per_replica = map_batches(
         dataset, lambda batch: split.split_batch(batch, layout, nominal)
     ).prefetch(tf.data.AUTOTUNE)
     return dataset_lib.DistributedDataset.from_dataset(per_replica)
+
+
+def agreeing_dataset_fn(
+    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    chief_service: data_service.ChiefInputService,
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """`dataset_fn` whose pipelines agree across workers up to their shards.
+
+    A `dataset_fn` commonly shuffles and then takes this worker's shard
+    (`Dataset.shard(num_input_pipelines, input_pipeline_id)`): the shards
+    partition the data only if every worker's copy has the same order
+    before the shard. The returned function builds the pipeline under an
+    agreed global seed (`tf_random.global_seed`), so the shuffles and
+    random ops it creates without a seed get the same seeds on every
+    worker and still reshuffle every epoch; unseeded shuffles built outside
+    `dataset_fn` are given agreed seeds (`determinism.seed_shuffles`: the
+    same order every epoch); and other differences that feed a shard are
+    refused.
+
+    Raises (when the returned function is called):
+      ConfigError: If a generator, `py_function`, unseeded random op or
+        non-deterministic order feeds a `Dataset.shard`.
+    """
+    seed = chief_service.agreed_seed()
+
+    def agreeing(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        with tf_random.global_seed(seed):
+            dataset = dataset_fn(input_context)
+        if not isinstance(dataset, tf.data.Dataset):
+            return dataset  # TF's own checks report it.
+        graph = tf_data.pipeline_graph(dataset)
+        findings = determinism.find_nondeterminism(graph)
+        if not findings:
+            return dataset
+        nodes, functions = determinism.upstream_of(graph, _SHARD_OPS)
+        unfixable = [
+            f
+            for f in findings
+            if not f.fixable and (f.node in nodes or f.function in functions)
+        ]
+        if unfixable:
+            raise errors.ConfigError(
+                "the dataset_fn's pipeline shards (Dataset.shard) data whose "
+                "order differs between workers: "
+                f"{', '.join(sorted({str(f) for f in unfixable}))} before the "
+                "shard, so the workers' shards overlap and some examples would "
+                "be lost or repeated each epoch. Shard first and do the "
+                "random or Python steps after it, seed them (e.g. "
+                "tf.random.set_seed at the start of the script), or use "
+                "tfdist.data.shard(dataset, input_context, ...)."
+            )
+        if any(f.fixable for f in findings):
+            return determinism.seed_shuffles(dataset, graph, seed)
+        return dataset
+
+    return agreeing
+
+
+#: Ops that take one worker's part of a pipeline.
+_SHARD_OPS = ("ShardDataset",)
 
 
 def _sharded(

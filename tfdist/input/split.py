@@ -88,7 +88,7 @@ def split_batch(
       nominal_batch_size: The input's global batch size, if known (kept in
         the values' type spec for the training check).
     """
-    rows = splitting.batch_rows(batch)
+    rows = splitting.batch_rows([t for t in tf.nest.flatten(batch) if t is not None])
     parts = [
         splitting.take_rows(
             batch,
@@ -99,8 +99,8 @@ def split_batch(
         for r in range(layout.num_local_replicas)
     ]
     return tf.nest.map_structure(
-        lambda *leaves: input_values.InputPerReplica(
-            leaves, rows, nominal_batch_size
-        ),
+        lambda *leaves: None
+        if leaves[0] is None
+        else input_values.InputPerReplica(leaves, rows, nominal_batch_size),
         *parts,
     )

@@ -6,7 +6,10 @@ strategy class it extends. It gives the strategy:
 - `experimental_distribute_dataset`: tfdist's input path
   (`tfdist/input/`): one pipeline per worker, each global batch cut into
   per-replica slices, elements shaped as the user's dataset;
-- `run`: for Keras's `fit` steps, the training batch-size check and, for
+- `run`: for Keras 3's `predict_on_batch`, the batch cut over the
+  replicas (Keras gives each replica all of it and returns every row
+  once per replica); for `fit`'s steps, the training
+  batch-size check and, for
   Keras's own `train_step`, the per-replica loss factor that makes an
   uneven batch train exactly like one device, with the logged loss exact
   too (`tfdist/input/train_weights.py`);
@@ -97,6 +100,27 @@ class DistributedInputMixin:
             chief_service=self._chief_input_service(),
         )
 
+    def distribute_datasets_from_function(
+        self,
+        dataset_fn: Any,
+        options: tf.distribute.InputOptions | None = None,
+    ) -> tf.distribute.DistributedDataset:
+        """TF's `distribute_datasets_from_function`, with workers that agree.
+
+        `dataset_fn(input_context)` builds one worker's pipeline, as in TF.
+        With several workers, a pipeline that shuffles before taking its
+        shard (`Dataset.shard`) would give each worker a different shard of
+        a differently ordered copy; tfdist gives such shuffles a seed every
+        worker shares, and refuses (`ConfigError`) other differences that
+        feed a shard (see `tfdist/input/distribute.py`).
+        """
+        service = self._chief_input_service()
+        if service is not None:
+            dataset_fn = distribute.agreeing_dataset_fn(dataset_fn, service)
+        return super().distribute_datasets_from_function(  # type: ignore[misc]
+            dataset_fn, options
+        )
+
     def run(
         self,
         fn: Any,
@@ -113,17 +137,24 @@ class DistributedInputMixin:
         factor per replica for uneven batches (see
         `tfdist/input/train_weights.py`).
         """
-        keras_step = keras_compat.keras_train_step(fn)
-        if keras_step is None:
+        step = keras_compat.keras_step(fn)
+        if step is None or kwargs:
+            return super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        args = tuple(args)
+        if step.kind == "predict" and len(args) == 1 and not _has_distributed_values(args[0]):
+            # Keras 3's predict_on_batch gives every replica the whole batch
+            # and concatenates their outputs: each row came back once per
+            # replica. Cut it like a distributed dataset's batch instead.
+            # (train_on_batch and test_on_batch are right as Keras does
+            # them: each replica's mean over the same rows, averaged.)
+            args = (split.split_batch(args[0], self._input_layout(), None),)
+        if step.kind != "train":
             return super().run(fn, args, kwargs, options)  # type: ignore[misc]
         train_weights.check_training_batch(args, self.num_replicas_in_sync)
-        model, builtin = keras_step
-        if not builtin or kwargs:
+        if not step.builtin:
             return super().run(fn, args, kwargs, options)  # type: ignore[misc]
-        fn, args = train_weights.with_exact_loss(
-            fn, tuple(args), self.num_replicas_in_sync
-        )
-        with keras_compat.gradients_scaled(model):
+        fn, args = train_weights.with_exact_loss(fn, args, self.num_replicas_in_sync)
+        with keras_compat.gradients_scaled(step.model):
             return super().run(fn, args, kwargs, options)  # type: ignore[misc]
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
@@ -140,3 +171,9 @@ class DistributedInputMixin:
             )
 
         return tf.nest.map_structure(reduce_leaf, value)
+
+
+def _has_distributed_values(data: Any) -> bool:
+    return any(
+        isinstance(leaf, tf.distribute.DistributedValues) for leaf in tf.nest.flatten(data)
+    )
