@@ -25,7 +25,9 @@ sizes, for that algorithm's own alpha and beta (`T = steps * alpha +
 factor * S * beta`); a message uses the constants of the size range it
 falls in. Only the ranges that messages fall in are measured, each the
 first time it is needed: a model whose buckets stay at or under 4 MiB never
-times the 16 and 64 MiB messages, which cost most of a full calibration. Per-algorithm constants matter on hosts where "links" are memory
+times the 16 and 64 MiB messages, which cost most of a full calibration.
+The process-wide model keeps its timings on disk (`calibration_cache`), so
+only a machine's first run measures. Per-algorithm constants matter on hosts where "links" are memory
 copies of very different cost (logical CPUs share one memory bus and
 caches: time per byte at 4 MiB and at 64 MiB differ by 2x there), and
 reduce to the textbook model where links are real. `AlphaBeta` constants can also be given directly, which keeps tests
@@ -53,6 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tfdist import errors
+from tfdist.collectives import calibration_cache
 
 __all__ = [
     "AlphaBeta",
@@ -164,6 +167,7 @@ class CostModel:
         constants: Mapping[str, AlphaBeta] | None = None,
         *,
         pack: AlphaBeta | None = None,
+        cache: calibration_cache.CalibrationCache | None = None,
     ) -> None:
         """Creates a model from known constants, or an uncalibrated one.
 
@@ -174,6 +178,8 @@ class CostModel:
           pack: Cost of packing a bucket (see the module docstring). With
             given `constants`, `None` means free packing (buckets always
             pay); with `constants=None` it is calibrated too.
+          cache: Where calibration timings are read from and written to
+            (`calibration_cache`); `None` measures in every process.
 
         Raises:
           ConfigError: If a key is not an algorithm name.
@@ -199,6 +205,7 @@ class CostModel:
                 )
         # devices -> message size -> contender -> seconds (see `calibrate`).
         self._timings: dict[tuple[str, ...], dict[int, dict[str, float]]] = {}
+        self._cache = cache
 
     def constants_for(
         self, devices: Sequence[str], num_bytes: int = 0
@@ -219,14 +226,34 @@ class CostModel:
         """Every contender's constants for the size range holding `num_bytes`."""
         index = _segment_index(num_bytes)
         sizes = CALIBRATION_SIZES_BYTES[index : index + 2]
-        timings = self._timings.setdefault(tuple(devices), {})
+        timings = self._timings.get(tuple(devices))
+        if timings is None:
+            timings = self._timings[tuple(devices)] = self._load(devices)
         missing = [size for size in sizes if size not in timings]
         if missing:
             timings.update(calibrate(devices, sizes=missing))
+            self._store(devices, timings)
         return {
             name: _fit(name, len(devices), sizes, [timings[size][name] for size in sizes])
             for name in timings[sizes[0]]
         }
+
+    def _cache_path(self, devices: Sequence[str]) -> str | None:
+        if self._cache is None:
+            return None
+        import tensorflow as tf  # Late: the formulas need no TensorFlow.
+
+        kinds = [tf.DeviceSpec.from_string(d).device_type or "" for d in devices]
+        return self._cache.path(devices, kinds)
+
+    def _load(self, devices: Sequence[str]) -> dict[int, dict[str, float]]:
+        path = self._cache_path(devices)
+        return self._cache.load(path) if self._cache is not None and path else {}
+
+    def _store(self, devices: Sequence[str], timings: dict[int, dict[str, float]]) -> None:
+        path = self._cache_path(devices)
+        if self._cache is not None and path:
+            self._cache.store(path, timings)
 
     def choose(
         self,
@@ -312,13 +339,15 @@ def default_cost_model() -> CostModel:
     """The process-wide calibrating `CostModel` shared by all "auto" ops.
 
     Calibration measures the hardware, which does not change while the
-    process runs, so every strategy built with `all_reduce="auto"` and no
-    `cost_model` shares this one instance and each device set's size ranges
-    are measured once per process, not once per strategy.
+    process runs (nor between runs), so every strategy built with
+    `all_reduce="auto"` and no `cost_model` shares this one instance, each
+    device set's size ranges are measured once per process, and the
+    timings are kept in `calibration_cache.DEFAULT_DIRECTORY` for later
+    processes on the same machine.
     """
     global _DEFAULT_MODEL
     if _DEFAULT_MODEL is None:
-        _DEFAULT_MODEL = CostModel()
+        _DEFAULT_MODEL = CostModel(cache=calibration_cache.CalibrationCache())
     return _DEFAULT_MODEL
 
 
@@ -328,7 +357,7 @@ def default_cost_model() -> CostModel:
 CALIBRATION_SIZES_BYTES = (64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 #: Each size is timed this many times and the fastest run kept: the minimum
 #: is the estimate least disturbed by other work on the machine.
-_CALIBRATION_REPEATS = 5
+_CALIBRATION_REPEATS = 3
 #: Key of the packing constants among the calibrated segments.
 _PACK = "pack"
 #: Tensors per bucket when timing packing.
@@ -392,8 +421,7 @@ def calibrate(
             }
             result[num_bytes] = {
                 name: max(
-                    _fastest_s(body, inputs[name == _PACK])
-                    - call_cost[name == _PACK],
+                    _fastest_s(body, inputs[name == _PACK]) - call_cost[name == _PACK],
                     0.0,
                 )
                 for name, body in contenders.items()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
+from unittest import mock
+
 
 from absl.testing import parameterized
 import tensorflow as tf
 
 import tfdist
 from tfdist import errors
+from tfdist.collectives import calibration_cache
 from tfdist.collectives import cost_model
 
 # The textbook setting: every algorithm has the same link constants.
@@ -158,6 +162,58 @@ class CalibrationTest(tf.test.TestCase):
             small, model.constants_for(devices, cost_model.CALIBRATION_SIZES_BYTES[1])
         )
         self.assertNotEqual(small, large)
+
+
+    def test_only_the_size_ranges_used_are_measured(self):
+        devices = ["/device:CPU:0", "/device:CPU:1"]
+        measured = []
+        original = cost_model.calibrate
+
+        def counting(devices, *, sizes):
+            measured.extend(sizes)
+            return original(devices, sizes=sizes)
+
+        with mock.patch.object(cost_model, "calibrate", counting):
+            cost_model.CostModel().choose(num_devices=2, num_bytes=512 << 10, devices=devices)
+        self.assertEqual(sorted(measured), list(cost_model.CALIBRATION_SIZES_BYTES[:2]))
+
+
+class CalibrationCacheTest(tf.test.TestCase):
+    """Timings measured once per machine, read back by later processes."""
+
+    DEVICES = ["/device:CPU:0", "/device:CPU:1"]
+
+    def _cache(self) -> calibration_cache.CalibrationCache:
+        return calibration_cache.CalibrationCache(self.create_tempdir().full_path)
+
+    def test_a_new_model_reads_stored_timings_instead_of_measuring(self):
+        cache = self._cache()
+        first = cost_model.CostModel(cache=cache).constants_for(self.DEVICES, 1 << 10)
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("measured again despite the cache")
+
+        with mock.patch.object(cost_model, "calibrate", refuse):
+            second = cost_model.CostModel(cache=cache).constants_for(self.DEVICES, 1 << 10)
+        self.assertEqual(second, first)
+
+    def test_corrupt_file_is_measured_again(self):
+        cache = self._cache()
+        path = cache.path(self.DEVICES, ["CPU", "CPU"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("{not json")
+        self.assertEqual(cache.load(path), {})
+        constants = cost_model.CostModel(cache=cache).constants_for(self.DEVICES, 1 << 10)
+        self.assertEqual(set(constants), {"ring", "tree", "reduce_to_one"})
+        self.assertNotEqual(cache.load(path), {})
+
+    def test_other_devices_get_another_file(self):
+        cache = self._cache()
+        self.assertNotEqual(
+            cache.path(self.DEVICES, ["CPU", "CPU"]),
+            cache.path(self.DEVICES + ["/device:CPU:2"], ["CPU"] * 3),
+        )
 
 
 if __name__ == "__main__":
