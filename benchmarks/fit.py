@@ -2,11 +2,19 @@
 
     python benchmarks/fit.py --workload=throughput [--mode=processes]
     python benchmarks/fit.py --workload=latency --mode=same_process
+    python benchmarks/fit.py --workload=epochs
 
-Two workloads from the MirroredStrategy issue, on N logical CPUs:
+Three workloads on N logical CPUs:
 
 - "throughput": 256 -> 4x512 -> 10 MLP, global batch 512, examples/s;
-- "latency":    ~1M-parameter MLP, global batch 64, ms/step.
+- "latency":    ~1M-parameter MLP, global batch 64, ms/step;
+- "epochs":     the throughput MLP on a shuffled pipeline
+  (`from_tensor_slices(...).shuffle(N).batch(512)`, 30 steps per epoch),
+  whole epochs as a user sees them: the first step and first epoch
+  (tracing, calibration), then per later epoch its set-up (the time from
+  `on_epoch_begin` to the end of its first step, less a median step) and
+  its throughput over the whole epoch. Each contender in its own process,
+  with and without tfdist's calibration cache.
 
 Every contender trains the same model on the same in-memory data through
 `model.fit`; a callback stamps the end of every step, and the steady-state
@@ -51,7 +59,9 @@ _STEPS = flags.DEFINE_integer("steps", 40, "Steps per timed fit.", lower_bound=4
 _WARMUP_STEPS = flags.DEFINE_integer(
     "warmup_steps", 5, "Steps of each fit left out of the median.", lower_bound=1)
 _WORKLOAD = flags.DEFINE_enum(
-    "workload", "throughput", ["throughput", "latency"], "Which workload.")
+    "workload", "throughput", ["throughput", "latency", "epochs"], "Which workload.")
+_EPOCHS = flags.DEFINE_integer(
+    "epochs", 5, "epochs workload: epochs per fit (the first reported apart).", lower_bound=2)
 _MODE = flags.DEFINE_enum(
     "mode", "processes", ["processes", "same_process"], "See the module docstring.")
 _RESET_MALLOC = flags.DEFINE_boolean(
@@ -63,7 +73,10 @@ WORKLOADS = {
     # name: (layer widths after the input, input width, global batch)
     "throughput": ((512, 512, 512, 512, 10), 256, 512),
     "latency": ((1024, 512, 256, 10), 256, 64),
+    "epochs": ((512, 512, 512, 512, 10), 256, 512),
 }
+#: Steps per epoch of the "epochs" workload.
+EPOCH_STEPS = 30
 BASELINE = "tf.MirroredStrategy"
 
 
@@ -141,11 +154,67 @@ def reset_malloc() -> None:
     libc.mallopt(m_trim_threshold, 64 << 20)
 
 
+def epoch_clock():
+    """A Keras callback stamping epoch begins, step ends and epoch ends."""
+    from tensorflow import keras
+
+    class EpochClock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epochs.append([time.perf_counter()])
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.epochs[-1].append(time.perf_counter())
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs[-1].append(time.perf_counter())
+
+    return EpochClock()
+
+
+def run_epochs(name: str, make_strategy: Callable[[], object], epochs: int) -> dict[str, float]:
+    """One fit of the "epochs" workload from a cold start; its figures."""
+    import tensorflow as tf
+    from tensorflow import keras
+
+    widths, input_width, batch = WORKLOADS["epochs"]
+    rng = np.random.default_rng(0)
+    num_examples = batch * EPOCH_STEPS
+    x = rng.normal(size=(num_examples, input_width)).astype("float32")
+    y = rng.integers(0, 10, num_examples).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(num_examples).batch(batch)
+    with make_strategy().scope():
+        model = keras.Sequential(
+            [keras.Input((input_width,))]
+            + [keras.layers.Dense(w, activation="relu") for w in widths[:-1]]
+            + [keras.layers.Dense(widths[-1])])
+        model.compile(optimizer=keras.optimizers.SGD(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    clock = epoch_clock()
+    model.fit(dataset, epochs=epochs, verbose=0, callbacks=[clock])
+    first, later = clock.epochs[0], clock.epochs[1:]
+    steps = [np.diff(e[1:-1]) for e in later]
+    median_step = float(np.median(np.concatenate(steps)))
+    return {
+        "first_step_s": first[1] - first[0],
+        "first_epoch_s": first[-1] - first[0],
+        "median_step_s": median_step,
+        "setup_s": float(np.median([e[1] - e[0] - median_step for e in later])),
+        "examples_per_s": float(np.median([num_examples / (e[-1] - e[0]) for e in later])),
+    }
+
+
 def run_one_contender(name: str) -> None:
     """--contender mode: one contender, `rounds` timed fits, JSON on stdout."""
     import tfdist
 
     devices = tfdist.simulate_cpu_devices(_DEVICES.value)
+    if _WORKLOAD.value == "epochs":
+        print("RESULT " + json.dumps(run_epochs(name, contenders(devices)[name], _EPOCHS.value)), flush=True)
+        return
     model, dataset = build(name, contenders(devices)[name], _WORKLOAD.value)
     results = [timed_fit(model, dataset, _STEPS.value, _WARMUP_STEPS.value)
                for _ in range(_ROUNDS.value)]
@@ -184,10 +253,54 @@ def in_one_process(names: Sequence[str]) -> dict[str, list[tuple[float, float]]]
     return results
 
 
+EPOCH_CONTENDERS = ("one device, no strategy", BASELINE, "tfdist auto")
+
+
+def run_epoch_workload() -> None:
+    """The "epochs" workload: each contender in a fresh process, per round.
+
+    tfdist runs twice per round: with an empty calibration cache (as a
+    machine's first run) and with the cache its cold run left.
+    """
+    import shutil
+
+    from tfdist.collectives import calibration_cache
+
+    results: dict[str, list[dict[str, float]]] = {}
+    for _ in range(_ROUNDS.value):
+        for name in EPOCH_CONTENDERS + ("tfdist auto (cached calibration)",):
+            if name == "tfdist auto":
+                shutil.rmtree(calibration_cache.DEFAULT_DIRECTORY, ignore_errors=True)
+            contender = name.replace(" (cached calibration)", "")
+            command = [sys.executable, os.path.abspath(__file__),
+                       f"--contender={contender}", "--workload=epochs",
+                       f"--devices={_DEVICES.value}", f"--epochs={_EPOCHS.value}"]
+            output = subprocess.run(command, capture_output=True, text=True, check=True)
+            line = next(l for l in output.stdout.splitlines() if l.startswith("RESULT "))
+            results.setdefault(name, []).append(json.loads(line[len("RESULT "):]))
+    median = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in results.items()}
+    base = median["one device, no strategy"]
+    tf_first = median[BASELINE]["first_step_s"]
+    print(f"\n### epochs: MLP 256->4x512->10, global batch 512, shuffled pipeline, "
+          f"{EPOCH_STEPS} steps/epoch, {_EPOCHS.value} epochs, {_DEVICES.value} logical CPUs, "
+          f"each contender in its own process, median of {_ROUNDS.value} rounds\n")
+    print("| contender | first step (s) | first step vs TF's | first epoch (s) | later epochs: set-up (ms) "
+          "| set-up vs one device (ms) | median step (ms) | whole-epoch examples/s | vs one device |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, m in median.items():
+        print(f"| {name} | {m['first_step_s']:.2f} | {m['first_step_s'] / tf_first:.2f}x | "
+              f"{m['first_epoch_s']:.2f} | {m['setup_s'] * 1e3:.0f} | "
+              f"{(m['setup_s'] - base['setup_s']) * 1e3:+.0f} | {m['median_step_s'] * 1e3:.1f} | "
+              f"{m['examples_per_s']:,.0f} | {m['examples_per_s'] / base['examples_per_s']:.2f}x |")
+
+
 def main(argv: Sequence[str]) -> None:
     del argv
     if _CONTENDER.value:
         run_one_contender(_CONTENDER.value)
+        return
+    if _WORKLOAD.value == "epochs":
+        run_epoch_workload()
         return
     names = list(contenders(tuple(f"/cpu:{i}" for i in range(_DEVICES.value))))
     measure = in_processes if _MODE.value == "processes" else in_one_process
