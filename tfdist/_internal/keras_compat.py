@@ -148,7 +148,8 @@ def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
     if trainer is not None and isinstance(model, trainer.TensorFlowTrainer):
         if name in ("train_step", "test_step"):
             builtin_fn = getattr(trainer.TensorFlowTrainer, name)
-            return KerasStep(model, name[: -len("_step")], fn.__func__ is builtin_fn)
+            function = getattr(fn, "__func__", None)
+            return KerasStep(model, name[: -len("_step")], function is builtin_fn)
         return None
     qualname = getattr(fn, "__qualname__", "") or ""
     if trainer is not None and qualname.endswith(_KERAS3_PREDICT_STEP):
@@ -212,22 +213,17 @@ def gradients_scaled(model: Any) -> Iterator[None]:
         yield
         return
     trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
-    if trainer is not None and isinstance(model, trainer.TensorFlowTrainer):
-        name = "scale_loss"
-        original = optimizer.scale_loss
+    keras3 = trainer is not None and isinstance(model, trainer.TensorFlowTrainer)
+    name = "scale_loss" if keras3 else "minimize"
+    original = getattr(optimizer, name)
 
-        def wrapped(loss: Any) -> Any:
-            return original(_scaled(loss))
-
-    else:
-        name = "minimize"
-        original = optimizer.minimize
-
-        def wrapped(loss: Any, *args: Any, tape: Any = None, **kwargs: Any) -> Any:
-            if tape is not None:
-                with tape:  # Re-entered, so the product is differentiated.
-                    loss = _scaled(loss)
-            return original(loss, *args, tape=tape, **kwargs)
+    def wrapped(loss: Any, *args: Any, tape: Any = None, **kwargs: Any) -> Any:
+        if keras3:  # scale_loss(loss)
+            return original(_scaled(loss), *args, **kwargs)
+        if tape is not None:  # minimize(loss, var_list, tape=tape)
+            with tape:  # Re-entered, so the product is differentiated.
+                loss = _scaled(loss)
+        return original(loss, *args, tape=tape, **kwargs)
 
     had_own = name in vars(optimizer)
     setattr(optimizer, name, wrapped)

@@ -197,7 +197,7 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
         )
 
 
-class _MirroredExtended(mirrored_extended.MirroredExtended):  # type: ignore[misc]
+class _MirroredExtended(mirrored_extended.UpdateHookExtended):  # type: ignore[misc]
     """TF's MirroredExtended with the update-once path for host memory."""
 
     def __init__(
@@ -213,12 +213,14 @@ class _MirroredExtended(mirrored_extended.MirroredExtended):  # type: ignore[mis
         )
         self._update_once = update_once
 
-    def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
-        # Private TF hook behind StrategyExtended.update (Keras's optimizer
-        # applies every gradient through it, with the all-reduced gradient
-        # as a PerReplica value: identical on every replica).
+    def update_variable(
+        self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool, *, default: Any
+    ) -> Any:
+        # Behind StrategyExtended.update: Keras's optimizer applies every
+        # gradient through it, with the all-reduced gradient as a
+        # PerReplica value (identical on every replica).
         if not (self._update_once and mirrored_extended.is_mirrored_variable(var)):
-            return super()._update(var, fn, args, kwargs, group)
+            return default()
         components = var.values
         primary = components[0]
         with tf.device(primary.device), mirrored_extended.update_context(0), tf.name_scope(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import importlib
 import importlib.util
 import io
 import os
@@ -531,6 +532,96 @@ class LayeringTest(absltest.TestCase):
                                     f"{path}:{node.lineno} imports {name};"
                                     f" only {allowed} may",
                                 )
+
+
+class PrivateUpstreamAttributeTest(absltest.TestCase):
+    """Outside tfdist/_internal/, no module touches TF's or Keras's private names.
+
+    Imports are covered by LayeringTest; this covers attributes: reaching
+    into another object (`obj._x`), reading an attribute a TF base class set
+    (`self._devices`), and overriding a TF method that is private
+    (`def _update`). tfdist's own private names are fine.
+    """
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.trees = {
+            path: ast.parse((ROOT / path).read_text(encoding="utf-8"))
+            for path in sorted(build_gen.read_tree(ROOT))
+            if path.startswith("tfdist/") and not path.startswith("tfdist/_internal/")
+        }
+        cls.own_names = set()  # Private names tfdist itself defines anywhere.
+        for tree in cls.trees.values():
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    cls.own_names.add(node.name)
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    cls.own_names.add(node.attr)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    cls.own_names.add(node.id)
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    cls.own_names.add(node.target.id)
+
+    def test_no_reach_into_other_objects_private_attributes(self):
+        for path, tree in self.trees.items():
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                    continue
+                base = node.value
+                if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                    continue
+                if (
+                    isinstance(base, ast.Call)
+                    and isinstance(base.func, ast.Name)
+                    and base.func.id == "super"
+                ):
+                    continue
+                with self.subTest(path=path, line=node.lineno):
+                    self.fail(f"{path}:{node.lineno}: {ast.unparse(node)} reaches a private attribute")
+
+    def test_private_attributes_of_self_are_tfdist_own(self):
+        for path, tree in self.trees.items():
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and _is_private(node.attr)
+                    and node.attr not in self.own_names
+                ):
+                    with self.subTest(path=path, line=node.lineno):
+                        self.fail(
+                            f"{path}:{node.lineno}: {ast.unparse(node)} uses "
+                            f"{node.attr}, which tfdist never defines: an "
+                            "upstream private attribute; reach it in "
+                            "tfdist/_internal/"
+                        )
+
+    def test_classes_override_no_private_upstream_methods(self):
+        for path in self.trees:
+            module_name = path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+            module = importlib.import_module(module_name)
+            for cls in vars(module).values():
+                if not (isinstance(cls, type) and cls.__module__ == module_name):
+                    continue
+                upstream = [
+                    base for base in cls.__mro__[1:]
+                    if base.__module__.split(".")[0] in TENSORFLOW_MODULES
+                ]
+                for name in vars(cls):
+                    if not _is_private(name):
+                        continue
+                    owners = [b.__qualname__ for b in upstream if name in vars(b)]
+                    with self.subTest(cls=cls.__qualname__, name=name):
+                        self.assertEqual(
+                            owners, [],
+                            f"{module_name}.{cls.__qualname__} overrides {name} "
+                            f"of {owners}; override it in tfdist/_internal/",
+                        )
+
+
+def _is_private(name: str) -> bool:
+    """Single-underscore names, but not Python's own machinery (`_abc_impl`)."""
+    return name.startswith("_") and not name.startswith("__") and name != "_abc_impl"
 
 
 # --------------------------------------------------------------------------
