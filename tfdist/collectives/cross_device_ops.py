@@ -164,6 +164,11 @@ class AllReduce(cross_device.GatheringCrossDeviceOps):  # type: ignore[misc]
         )
 
     @property
+    def results_needed(self) -> str:
+        """"all", or "first" when only the first device's result is used."""
+        return "first" if self._reduce_only else "all"
+
+    @property
     def algorithm(self) -> str:
         """The configured algorithm name ("auto" chooses per bucket)."""
         return self._algorithm
