@@ -11,25 +11,14 @@
 back, for launchers. `to_cluster_resolver` adapts a config to the
 `tf.distribute.cluster_resolver.ClusterResolver` that TF strategies take.
 
-`make_local_cluster` and `LocalJob` (the engine of `python -m
-tfdist.launch`) run a cluster as local processes on 127.0.0.1;
-`cluster_from_hosts` and `tfjob_manifest` describe the same job for real
-hosts or Kubeflow.
+Running a cluster as local processes (`python -m tfdist.launch`) is
+`tfdist.launch`'s job.
 
-`spec`, `tf_config` and `launcher` import nothing from TensorFlow;
-`resolver` does.
+`spec` and `tf_config` import nothing from TensorFlow; `resolver` does.
 """
 
 from __future__ import annotations
 
-from tfdist.cluster.launcher import JobOutcome
-from tfdist.cluster.launcher import JobResult
-from tfdist.cluster.launcher import LocalJob
-from tfdist.cluster.launcher import TaskResult
-from tfdist.cluster.launcher import cluster_from_hosts
-from tfdist.cluster.launcher import make_local_cluster
-from tfdist.cluster.launcher import run_local_job
-from tfdist.cluster.launcher import tfjob_manifest
 from tfdist.cluster.resolver import to_cluster_resolver
 from tfdist.cluster.spec import DEFAULT_RPC_LAYER
 from tfdist.cluster.spec import TASK_TYPES
@@ -48,16 +37,8 @@ __all__ = [
     "Address",
     "ClusterConfig",
     "ClusterSpec",
-    "JobOutcome",
-    "JobResult",
-    "LocalJob",
-    "TaskResult",
     "TaskSpec",
     "TaskType",
-    "cluster_from_hosts",
-    "make_local_cluster",
     "parse_tf_config",
-    "run_local_job",
-    "tfjob_manifest",
     "to_cluster_resolver",
 ]

@@ -8,8 +8,8 @@
     results = tfdist.testing.run_local_cluster(all_reduce_ones, num_workers=2)
 
 `run_local_cluster` starts one process per task (the tasks of
-`tfdist.cluster.make_local_cluster`, so free 127.0.0.1 ports only), each
-with its own TF_CONFIG, supervised by `tfdist.cluster.LocalJob`: every
+`tfdist.launch.make_local_cluster`, so free 127.0.0.1 ports only), each
+with its own TF_CONFIG, supervised by `tfdist.launch.LocalJob`: every
 output line is prefixed with its task (`[worker:0] ...`), the first task to
 fail stops the others, and the timeout kills them all.
 
@@ -43,7 +43,7 @@ from typing import Any
 
 from tfdist import errors
 from tfdist._internal import validation
-from tfdist.cluster import launcher
+from tfdist import launch
 from tfdist.testing import _local_task
 
 __all__ = ["run_local_cluster"]
@@ -124,8 +124,8 @@ def run_local_cluster(
             "process can unpickle. Pass plain values (numbers, str, numpy "
             "arrays), not tensors, locks or open files."
         ) from e
-    cluster = launcher.make_local_cluster(
-        num_workers, num_ps=num_ps, has_chief=has_chief
+    cluster = launch.make_local_cluster(
+        launch.JobShape(num_workers, num_ps=num_ps, has_chief=has_chief)
     )
     task_env = dict(os.environ)  # The tasks inherit the parent's environment.
     task_env.setdefault("TF_NUM_INTEROP_THREADS", str(cluster.num_workers + 1))
@@ -137,7 +137,7 @@ def run_local_cluster(
             pickle.dump(header, f)
             f.write(args_payload)
         task_main = os.path.abspath(_local_task.__file__)
-        job = launcher.LocalJob(
+        job = launch.LocalJob(
             cluster,
             lambda task: [sys.executable, task_main, call_file, tmp, task.name],
             env=task_env,
@@ -208,9 +208,9 @@ def _read_record(result_dir: str, task_name: str) -> tuple[Any, ...] | None:
     return record  # type: ignore[no-any-return]
 
 
-def _collect(result: launcher.JobResult, result_dir: str) -> tuple[Any, ...]:
+def _collect(result: launch.JobResult, result_dir: str) -> tuple[Any, ...]:
     """Returns the chief/worker values, or raises what `result` calls for."""
-    if result.outcome is launcher.JobOutcome.TIMED_OUT:
+    if result.outcome is launch.JobOutcome.TIMED_OUT:
         stuck = [
             r.task.name
             for r in result.stopped_tasks
@@ -224,7 +224,7 @@ def _collect(result: launcher.JobResult, result_dir: str) -> tuple[Any, ...]:
             f"[{stuck[0]}]), or raise timeout_s.",
             task=stuck[0] if stuck else None,
         )
-    if result.outcome is launcher.JobOutcome.SUCCEEDED:
+    if result.outcome is launch.JobOutcome.SUCCEEDED:
         values = []
         for task_result in result.tasks:
             if task_result.task.task_type in ("chief", "worker"):
@@ -241,7 +241,7 @@ def _collect(result: launcher.JobResult, result_dir: str) -> tuple[Any, ...]:
 
 
 def _task_error(
-    result: launcher.JobResult, name: str, record: tuple[Any, ...] | None
+    result: launch.JobResult, name: str, record: tuple[Any, ...] | None
 ) -> errors.CollectiveError:
     """The error for task `name`, chained to its exception if it has one."""
     task_result = result.task_result(name)

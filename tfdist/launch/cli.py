@@ -1,15 +1,16 @@
-"""`python -m tfdist.launch`: runs a TF_CONFIG job as local processes.
+"""The `tfdist-launch` command line (`python -m tfdist.launch`).
 
     python -m tfdist.launch --workers 2 --ps 1 -- python -u train.py --steps 10
     tfdist-launch --workers 2 --print-tf-config --hosts h0:2222,h1:2222
     tfdist-launch --workers 4 --chief --emit tfjob --image me/train:1 -- \\
         python train.py
 
-A thin command line over `tfdist.cluster.run_local_job`,
-`tfdist.cluster.cluster_from_hosts` and `tfdist.cluster.tfjob_manifest`;
-see `tfdist/cluster/launcher.py` for the supervision rules. Exit statuses:
-0 success, 1 a task failed, 2 bad arguments, 124 timeout, 128+N stopped by
-signal N (130 for Ctrl-C).
+A thin command line over `restart.run_local_job`, `hosts.cluster_from_hosts`
+and `tfjob.tfjob_manifest`; see `supervisor` for the supervision rules.
+Exit statuses: 0 success, 1 a task failed, 2 bad arguments, 124 timeout,
+128+N stopped by signal N (130 for Ctrl-C).
+
+This module imports nothing from TensorFlow, so `--help` is instant.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from typing import NoReturn
 from typing import TextIO
 
 from tfdist import errors
-from tfdist.cluster import launcher
 from tfdist.cluster import spec
+from tfdist.launch import hosts as hosts_lib
+from tfdist.launch import job
+from tfdist.launch import restart
+from tfdist.launch import supervisor
+from tfdist.launch import tfjob
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -179,7 +184,7 @@ def _build_parser(out: TextIO) -> _Parser:
         type=_seconds_type("--grace-period-s"),
         metavar="S",
         help="seconds a stopped task has to exit before SIGKILL (default "
-        f"{launcher.DEFAULT_GRACE_PERIOD_S:g})",
+        f"{supervisor.DEFAULT_GRACE_PERIOD_S:g})",
     )
     real = parser.add_argument_group("describing a real cluster")
     real.add_argument(
@@ -200,12 +205,12 @@ def _build_parser(out: TextIO) -> _Parser:
     )
     real.add_argument(
         "--name",
-        help=f"TFJob name (with --emit; default {launcher.DEFAULT_TFJOB_NAME})",
+        help=f"TFJob name (with --emit; default {tfjob.DEFAULT_TFJOB_NAME})",
     )
     real.add_argument(
         "--image",
         help="container image with TensorFlow, tfdist and the script (with "
-        f"--emit; default {launcher.DEFAULT_TFJOB_IMAGE})",
+        f"--emit; default {tfjob.DEFAULT_TFJOB_IMAGE})",
     )
     return parser
 
@@ -258,18 +263,22 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
         )
 
 
+def _shape(args: argparse.Namespace) -> job.JobShape:
+    return job.JobShape(
+        args.workers,
+        num_ps=args.ps,
+        has_chief=args.chief,
+        has_evaluator=args.evaluator,
+    )
+
+
 def _print_tf_configs(
     args: argparse.Namespace, command: Sequence[str], out: TextIO
 ) -> None:
     hosts = [h.strip() for h in args.hosts.split(",")]
+    shape = _shape(args)
     try:
-        cluster = launcher.cluster_from_hosts(
-            hosts,
-            num_workers=args.workers,
-            num_ps=args.ps,
-            has_chief=args.chief,
-            has_evaluator=args.evaluator,
-        )
+        cluster = hosts_lib.cluster_from_hosts(hosts, shape)
     except errors.LauncherError as e:
         raise _UsageError(f"--hosts {args.hosts!r}: {e}") from e
     for task in cluster.tasks():
@@ -325,14 +334,11 @@ def run_cli(
             return 0
         if args.emit:
             out.write(
-                launcher.tfjob_manifest(
+                tfjob.tfjob_manifest(
                     command,
-                    num_workers=args.workers,
-                    num_ps=args.ps,
-                    has_chief=args.chief,
-                    has_evaluator=args.evaluator,
-                    name=args.name or launcher.DEFAULT_TFJOB_NAME,
-                    image=args.image or launcher.DEFAULT_TFJOB_IMAGE,
+                    _shape(args),
+                    name=args.name or tfjob.DEFAULT_TFJOB_NAME,
+                    image=args.image or tfjob.DEFAULT_TFJOB_IMAGE,
                     restarts=args.restarts,
                     timeout_s=args.timeout_s,
                 )
@@ -340,17 +346,14 @@ def run_cli(
             out.flush()
             return 0
         env = dict(os.environ)  # The tasks inherit this process's environment.
-        result = launcher.run_local_job(
+        result = restart.run_local_job(
             command,
-            num_workers=args.workers,
-            num_ps=args.ps,
-            has_chief=args.chief,
-            has_evaluator=args.evaluator,
+            _shape(args),
             env=env,
             restarts=args.restarts or 0,
             timeout_s=args.timeout_s,
             grace_period_s=(
-                args.grace_period_s or launcher.DEFAULT_GRACE_PERIOD_S
+                args.grace_period_s or supervisor.DEFAULT_GRACE_PERIOD_S
             ),
             forward_signals=True,
             stdout=out,
@@ -365,7 +368,3 @@ def run_cli(
     err.write(f"{_PROG}: {result.describe()}\n")
     err.flush()
     return result.exit_status
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli())

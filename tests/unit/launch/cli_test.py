@@ -17,7 +17,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -25,73 +24,33 @@ import yaml
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from tests.unit.launch import programs
 from tfdist import launch
-from tfdist.cluster import spec
 from tfdist.cluster import tf_config
+from tfdist.launch import cli
 
-# Far above what any job here needs: catches hangs, not slow machines.
-_BOUND_S = 60.0
-
-# Prints TF_CONFIG. The chief exits only after the ps and evaluator tasks
-# have printed theirs (each closes its FIFO in argv[1] after printing), since
-# the job stops those tasks as soon as the chief and workers are done.
-_PRINT_TF_CONFIG_ALL = (
-    "import json, os, sys\n"
-    "print(os.environ['TF_CONFIG'], flush=True)\n"
-    "kind = json.loads(os.environ['TF_CONFIG'])['task']['type']\n"
-    "if kind in ('ps', 'evaluator'):\n"
-    "    open(os.path.join(sys.argv[1], kind), 'w').close()\n"
-    "elif kind == 'chief':\n"
-    "    for other in ('ps', 'evaluator'):\n"
-    "        open(os.path.join(sys.argv[1], other)).read()\n"
-)
-
-
-def _make_fifos(test: absltest.TestCase) -> str:
-    """A directory holding the FIFOs `ps` and `evaluator`."""
-    directory = test.create_tempdir().full_path
-    for name in ("ps", "evaluator"):
-        os.mkfifo(os.path.join(directory, name))
-    return directory
-
-
-_BLOCK_FOREVER = "import threading; threading.Event().wait()"
+# Flags for a job with a task of every type: 5 tasks.
+_EVERY_TASK_TYPE = ("--workers", "2", "--ps", "1", "--chief", "--evaluator")
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    status = launch.run_cli(list(argv), stdout=out, stderr=err)
+    status = cli.run_cli(list(argv), stdout=out, stderr=err)
     return status, out.getvalue(), err.getvalue()
-
-
-def _python(code: str, *args: str) -> tuple[str, ...]:
-    return (sys.executable, "-c", code, *args)
-
-
-def _tf_configs(out: str) -> dict[str, spec.ClusterConfig]:
-    """Parses `[task] {TF_CONFIG}` lines into task name -> config."""
-    configs = {}
-    for line in out.splitlines():
-        prefix, text = line.split(" ", 1)
-        configs[prefix.strip("[]")] = tf_config.parse_tf_config(text)
-    return configs
 
 
 class LaunchTest(parameterized.TestCase):
     def test_every_task_gets_its_own_tf_config_with_prefix(self):
         status, out, err = _cli(
-            "--workers",
-            "2",
-            "--ps",
-            "1",
-            "--chief",
-            "--evaluator",
+            *_EVERY_TASK_TYPE,
             "--",
-            *_python(_PRINT_TF_CONFIG_ALL, _make_fifos(self)),
+            *programs.python(
+                programs.PRINT_TF_CONFIG_ALL, programs.make_fifos(self)
+            ),
         )
 
         self.assertEqual(status, 0, err)
-        configs = _tf_configs(out)
+        configs = programs.prefixed_tf_configs(out)
         self.assertCountEqual(
             configs,
             ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"],
@@ -113,7 +72,7 @@ class LaunchTest(parameterized.TestCase):
         )
         started_s = time.monotonic()
 
-        status, _, err = _cli("--workers", "3", "--", *_python(code))
+        status, _, err = _cli("--workers", "3", "--", *programs.python(code))
 
         self.assertEqual(status, 1)
         self.assertIn(
@@ -121,28 +80,19 @@ class LaunchTest(parameterized.TestCase):
             "other 2 task(s): worker:0, worker:2.",
             err,
         )
-        self.assertLess(time.monotonic() - started_s, _BOUND_S)
+        self.assertLess(time.monotonic() - started_s, programs.JOB_BOUND_S)
 
     def test_restarts_relaunch_after_first_failure(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            marker = os.path.join(tmp, "failed-once")
-            code = (
-                "import sys\n"
-                "try:\n"
-                "    open(sys.argv[1], 'x').close()\n"
-                "except FileExistsError:\n"
-                "    sys.exit(0)\n"
-                "sys.exit(3)\n"
-            )
+        marker = os.path.join(self.create_tempdir().full_path, "failed-once")
 
-            status, _, err = _cli(
-                "--workers",
-                "1",
-                "--restarts",
-                "1",
-                "--",
-                *_python(code, marker),
-            )
+        status, _, err = _cli(
+            "--workers",
+            "1",
+            "--restarts",
+            "1",
+            "--",
+            *programs.python(programs.FAIL_ONCE, marker),
+        )
 
         self.assertEqual(status, 0, err)
         self.assertIn(
@@ -161,13 +111,13 @@ class LaunchTest(parameterized.TestCase):
             "--grace-period-s",
             "1",
             "--",
-            *_python(_BLOCK_FOREVER),
+            *programs.python(programs.BLOCK_FOREVER),
         )
 
         self.assertEqual(status, 124)
         self.assertIn("ran past timeout_s=0.5", err)
         self.assertIn("worker:0, worker:1", err)
-        self.assertLess(time.monotonic() - started_s, _BOUND_S)
+        self.assertLess(time.monotonic() - started_s, programs.JOB_BOUND_S)
 
     def test_missing_program_is_a_usage_error(self):
         status, _, err = _cli("--workers", "1", "--", "/nonexistent/prog")
@@ -184,12 +134,7 @@ class PrintTfConfigTest(parameterized.TestCase):
     def test_every_printed_tf_config_parses(self, command):
         hosts = "c:2222,w0:2222,w1:2222,p:2222,e:2222"
         argv = [
-            "--workers",
-            "2",
-            "--ps",
-            "1",
-            "--chief",
-            "--evaluator",
+            *_EVERY_TASK_TYPE,
             "--print-tf-config",
             "--hosts",
             hosts,
@@ -400,11 +345,6 @@ def _read_lines(stream, lines: queue.Queue) -> None:
 
 class LauncherProcessTest(parameterized.TestCase):
     def test_sigint_is_forwarded_and_every_task_exits(self):
-        code = (
-            "import os, threading\n"
-            "print('ready', os.getpid(), flush=True)\n"
-            "threading.Event().wait()\n"
-        )
         launcher_process = subprocess.Popen(
             [
                 sys.executable,
@@ -415,7 +355,7 @@ class LauncherProcessTest(parameterized.TestCase):
                 "--grace-period-s",
                 "5",
                 "--",
-                *_python(code),
+                *programs.python(programs.READY_THEN_BLOCK),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -430,7 +370,7 @@ class LauncherProcessTest(parameterized.TestCase):
         ).start()
         pids = []
         while len(pids) < 2:
-            line = lines.get(timeout=_BOUND_S)
+            line = lines.get(timeout=programs.JOB_BOUND_S)
             self.assertIsNotNone(line, "launcher exited before tasks ran")
             match = re.match(r"\[worker:\d\] ready (\d+)", line)
             if match:
@@ -439,7 +379,7 @@ class LauncherProcessTest(parameterized.TestCase):
         self.addCleanup(lambda: [os.close(fd) for fd in pidfds])
 
         launcher_process.send_signal(signal.SIGINT)
-        status = launcher_process.wait(timeout=_BOUND_S)
+        status = launcher_process.wait(timeout=programs.JOB_BOUND_S)
 
         self.assertEqual(status, 130)
         self.assertIn(
@@ -460,6 +400,7 @@ class LauncherProcessTest(parameterized.TestCase):
         (script,) = scripts
         self.assertEqual(script.value, "tfdist.launch:run_cli")
         self.assertIs(script.load(), launch.run_cli)
+        self.assertIs(launch.run_cli, cli.run_cli)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""One task of a local job as an OS process: start, signal, reap.
+
+    task = TaskProcess(index, config, output, events)
+    task.start(command, env)        # own process group, TF_CONFIG in env
+    task.signal_group(signal.SIGTERM)
+    # events receives ("exit", index, exit_code) when the process exits
+
+Each task runs in its own process group (it is the group's leader), with
+stdin from /dev/null and its stdout/stderr piped to pumps that prefix every
+line with the task. A waiter thread reaps the process and reports its exit
+on the job's event queue.
+
+POSIX only (process groups, signals). This module imports nothing from
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping
+from collections.abc import Sequence
+
+from tfdist import errors
+from tfdist.cluster import spec
+from tfdist.cluster import tf_config
+from tfdist.launch import job
+from tfdist.launch import output as output_lib
+
+__all__ = ["Event", "TaskProcess"]
+
+#: What the job's event queue carries: ("exit", task index, exit code) from
+#: a waiter, or ("stop", -1, signal number) from `LocalJob.request_stop`.
+Event = tuple[str, int, int]
+
+
+class TaskProcess:
+    """One running task: its process, output pumps and exit waiter.
+
+    Args:
+      index: The task's position in the job, reported with its exit.
+      config: The task's TF_CONFIG (`config.task` is the task).
+      output: Where its prefixed output lines go.
+      events: Where its exit is reported.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        config: spec.ClusterConfig,
+        output: output_lib.TaskOutput,
+        events: queue.SimpleQueue[Event],
+    ) -> None:
+        assert config.task is not None  # LocalJob builds one per task.
+        self.index = index
+        self.task: spec.TaskSpec = config.task
+        self.config = config
+        self.exit_code: int | None = None
+        self.was_stopped = False
+        self.was_killed = False
+        self._output = output
+        self._events = events
+        self.process: subprocess.Popen[bytes] | None = None
+        self.pumps: list[threading.Thread] = []
+        self.waiter: threading.Thread | None = None
+
+    def start(self, command: Sequence[str], env: Mapping[str, str]) -> None:
+        """Starts the process: `command` with `env` plus the task's TF_CONFIG.
+
+        Raises:
+          LauncherError: If the process cannot be started (such as a command
+            not found).
+        """
+        task_env = dict(env)
+        task_env[tf_config.TF_CONFIG_ENV_VAR] = self.config.to_json()
+        try:
+            process = subprocess.Popen(
+                list(command),
+                env=task_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # Own process group; see signal_group.
+            )
+        except OSError as e:
+            raise errors.LauncherError(
+                f"cannot start task {self.task.name}: command[0]="
+                f"{command[0]!r} failed with {e.strerror or e}; expected an "
+                "executable on PATH or a path to one. Check the command."
+            ) from e
+        self.process = process
+        self.exit_code = None
+        prefix = f"[{self.task.name}] "
+        self.pumps += [
+            output_lib.start_pump(
+                process.stdout, prefix, "stdout", self._output
+            ),
+            output_lib.start_pump(
+                process.stderr, prefix, "stderr", self._output
+            ),
+        ]
+        self.waiter = output_lib.start_daemon(
+            f"tfdist-{self.task.name}-wait", self._wait_for_exit, process
+        )
+
+    def _wait_for_exit(self, process: subprocess.Popen[bytes]) -> None:
+        self._events.put(("exit", self.index, process.wait()))
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the process started and its exit was not yet recorded."""
+        return self.process is not None and self.exit_code is None
+
+    def signal_group(self, signal_number: int) -> bool:
+        """Signals the task's process group; returns whether it was alive."""
+        process = self.process
+        if process is None or not self.is_running:
+            return False
+        if process.returncode is not None:
+            return False
+        try:
+            # start_new_session=True made the task the leader of its group.
+            os.killpg(process.pid, signal_number)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def reap(self) -> None:
+        """Waits for the process to exit (kill it first) and records its code."""
+        if self.process is None:
+            return
+        # The waiter thread reaps; Popen.wait is safe to call alongside it.
+        self.exit_code = self.process.wait()
+        if self.waiter is not None:
+            self.waiter.join()
+
+    def kill_group(self) -> None:
+        """SIGKILLs the task's whole process group, leader gone or not."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def result(self) -> job.TaskResult:
+        """The task's result; only after `reap`."""
+        assert self.exit_code is not None  # Only built after reaping.
+        return job.TaskResult(
+            self.task,
+            self.exit_code,
+            was_stopped=self.was_stopped,
+            was_killed=self.was_killed,
+        )
