@@ -14,12 +14,16 @@ back, for launchers. `to_cluster_resolver` adapts a config to the
 Running a cluster as local processes (`python -m tfdist.launch`) is
 `tfdist.launch`'s job.
 
-`spec` and `tf_config` import nothing from TensorFlow; `resolver` does.
+`spec` and `tf_config` import nothing from TensorFlow; `resolver` does, and
+is imported on first use of `to_cluster_resolver` (PEP 562), so importing
+this package does not import TensorFlow.
 """
 
 from __future__ import annotations
 
-from tfdist.cluster.resolver import to_cluster_resolver
+from typing import TYPE_CHECKING
+from typing import Any
+
 from tfdist.cluster.spec import DEFAULT_RPC_LAYER
 from tfdist.cluster.spec import TASK_TYPES
 from tfdist.cluster.spec import Address
@@ -29,6 +33,9 @@ from tfdist.cluster.spec import TaskSpec
 from tfdist.cluster.spec import TaskType
 from tfdist.cluster.tf_config import TF_CONFIG_ENV_VAR
 from tfdist.cluster.tf_config import parse_tf_config
+
+if TYPE_CHECKING:  # Imported on first use: see __getattr__.
+    from tfdist.cluster.resolver import to_cluster_resolver
 
 __all__ = [
     "DEFAULT_RPC_LAYER",
@@ -42,3 +49,13 @@ __all__ = [
     "parse_tf_config",
     "to_cluster_resolver",
 ]
+
+
+def __getattr__(name: str) -> Any:  # Any: the type of the name asked for.
+    """Imports `to_cluster_resolver` (and TensorFlow) on first access."""
+    if name == "to_cluster_resolver":
+        from tfdist.cluster import resolver
+
+        globals()[name] = resolver.to_cluster_resolver
+        return resolver.to_cluster_resolver
+    raise AttributeError(f"module 'tfdist.cluster' has no attribute {name!r}")
