@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 
-from absl.testing import absltest
 from absl.testing import parameterized
 
 import tfdist
