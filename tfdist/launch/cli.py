@@ -43,18 +43,28 @@ _EXIT_USAGE = 2
 _USAGE = f"""\
 {_PROG} --workers N [--ps M] [--chief] [--evaluator]
                      [--restarts K] [--timeout-s T] [--grace-period-s S]
-                     -- COMMAND [ARG ...]
+                     [--no-isolate] -- COMMAND [ARG ...]
        {_PROG} --workers N [...] --print-tf-config --hosts H:P,H:P,... \
 [-- COMMAND ...]
        {_PROG} --workers N [...] --emit tfjob [--name NAME] [--image IMAGE]
-                     [--restarts K] [--timeout-s T] -- COMMAND [ARG ...]"""
+                     [--restarts K] [--timeout-s T] [--no-network-policy]
+                     -- COMMAND [ARG ...]"""
 _DESCRIPTION = """\
-Runs COMMAND once per task of a TF_CONFIG cluster on 127.0.0.1 (free ports),
-each task with its own TF_CONFIG, and prefixes every output line with the task
-("[worker:1] ..."). The job succeeds when every chief/worker task exits 0; ps
-and evaluator tasks are then stopped. When a task exits non-zero the others
-are stopped. SIGINT/SIGTERM are forwarded to every task. Python tasks buffer
-piped output: use `python -u` to see lines as they are printed."""
+Runs COMMAND once per task of a TF_CONFIG cluster on this machine (addresses
+127.0.0.1:<free port>), each task with its own TF_CONFIG, and prefixes every
+output line with the task ("[worker:1] ..."). The job succeeds when every
+chief/worker task exits 0; ps and evaluator tasks are then stopped. When a
+task exits non-zero the others are stopped. SIGINT/SIGTERM are forwarded to
+every task. Python tasks buffer piped output: use `python -u` to see lines as
+they are printed.
+
+network: TensorFlow's servers listen on every interface (*:PORT), whatever
+the address in TF_CONFIG, and let anyone who reaches them run code. So on
+Linux all tasks run in one private network namespace, whose only interface is
+its own loopback: they reach each other, nothing outside the job reaches them,
+and they reach nothing outside it (no downloads, no network file systems).
+Where the OS does not allow that, the launcher says so and runs them on the
+host's network. --no-isolate does that on purpose: then firewall the ports."""
 _EPILOG = f"""\
 exit status: 0 success, 1 a task failed, 2 bad arguments, 124 --timeout-s
 exceeded, 128+N stopped by signal N (130 for Ctrl-C).
@@ -186,6 +196,13 @@ def _build_parser(out: TextIO) -> _Parser:
         help="seconds a stopped task has to exit before SIGKILL (default "
         f"{supervisor.DEFAULT_GRACE_PERIOD_S:g})",
     )
+    run.add_argument(
+        "--no-isolate",
+        action="store_true",
+        help="run the tasks on this host's network, reachable on every "
+        "interface, instead of in a private network namespace (for tasks "
+        "that need the network: downloads, remote storage)",
+    )
     real = parser.add_argument_group("describing a real cluster")
     real.add_argument(
         "--print-tf-config",
@@ -206,6 +223,12 @@ def _build_parser(out: TextIO) -> _Parser:
     real.add_argument(
         "--name",
         help=f"TFJob name (with --emit; default {tfjob.DEFAULT_TFJOB_NAME})",
+    )
+    real.add_argument(
+        "--no-network-policy",
+        action="store_true",
+        help="with --emit: leave out the NetworkPolicy that admits traffic "
+        "to the job's pods only from the job's own pods",
     )
     real.add_argument(
         "--image",
@@ -244,11 +267,22 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
                     f"{flag} {value} does not apply to --print-tf-config, "
                     f"which launches nothing. Drop {flag}."
                 )
+    if args.no_isolate and (args.print_tf_config or args.emit):
+        mode = "--print-tf-config" if args.print_tf_config else "--emit tfjob"
+        raise _UsageError(
+            f"--no-isolate does not apply to {mode}, which launches nothing. "
+            "Drop --no-isolate."
+        )
     if not args.emit:
-        for flag, value in (("--name", args.name), ("--image", args.image)):
+        for flag, value in (
+            ("--name", args.name),
+            ("--image", args.image),
+            ("--no-network-policy", args.no_network_policy or None),
+        ):
             if value is not None:
+                shown = "" if value is True else f" {value!r}"
                 raise _UsageError(
-                    f"{flag} {value!r} only applies to --emit tfjob. Add "
+                    f"{flag}{shown} only applies to --emit tfjob. Add "
                     f"--emit tfjob, or drop {flag}."
                 )
     elif args.grace_period_s is not None:
@@ -341,6 +375,7 @@ def run_cli(
                     image=args.image or tfjob.DEFAULT_TFJOB_IMAGE,
                     restarts=args.restarts,
                     timeout_s=args.timeout_s,
+                    network_policy=not args.no_network_policy,
                 )
             )
             out.flush()
@@ -355,6 +390,7 @@ def run_cli(
             grace_period_s=(
                 args.grace_period_s or supervisor.DEFAULT_GRACE_PERIOD_S
             ),
+            isolate=False if args.no_isolate else None,
             forward_signals=True,
             stdout=out,
             stderr=err,

@@ -191,6 +191,7 @@ class JobResult:
       signal_number: For `INTERRUPTED`, the signal passed to `request_stop`.
       timeout_s: The time limit the job ran under, or `None`.
       elapsed_s: Seconds from starting the first task to reaping the last.
+      is_isolated: Whether the tasks ran in a private network namespace.
     """
 
     outcome: JobOutcome
@@ -199,6 +200,7 @@ class JobResult:
     signal_number: int | None = None
     timeout_s: float | None = None
     elapsed_s: float = 0.0
+    is_isolated: bool = False
 
     @property
     def succeeded(self) -> bool:

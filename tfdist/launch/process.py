@@ -1,13 +1,15 @@
 """One task of a local job as an OS process: start, signal, reap.
 
     task = TaskProcess(index, config, output, events)
-    task.start(command, env)        # own process group, TF_CONFIG in env
+    program = find_program(command, env)      # before any task starts
+    task.start(program, command, env, network=network)
     task.signal_group(signal.SIGTERM)
     # events receives ("exit", index, exit_code) when the process exits
 
 Each task runs in its own process group (it is the group's leader), with
 stdin from /dev/null and its stdout/stderr piped to pumps that prefix every
-line with the task. A waiter thread reaps the process and reports its exit
+line with the task, inside the job's private network namespace if it has
+one (`isolation`). A waiter thread reaps the process and reports its exit
 on the job's event queue.
 
 POSIX only (process groups, signals). This module imports nothing from
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -27,14 +30,36 @@ from collections.abc import Sequence
 from tfdist import errors
 from tfdist.cluster import spec
 from tfdist.cluster import tf_config
+from tfdist.launch import isolation
 from tfdist.launch import job
 from tfdist.launch import output as output_lib
 
-__all__ = ["Event", "TaskProcess"]
+__all__ = ["Event", "TaskProcess", "find_program"]
 
 #: What the job's event queue carries: ("exit", task index, exit code) from
 #: a waiter, or ("stop", -1, signal number) from `LocalJob.request_stop`.
 Event = tuple[str, int, int]
+
+
+def find_program(command: Sequence[str], env: Mapping[str, str]) -> str:
+    """Returns the executable `command[0]` names, found as `exec` would.
+
+    A name without a `/` is looked up on `env`'s PATH (as `subprocess` does
+    for a child with that environment); a path must be an executable file.
+
+    Raises:
+      LauncherError: If there is no such executable.
+    """
+    path = os.pathsep.join(os.get_exec_path(env))
+    program = shutil.which(command[0], path=path)
+    if program is None:
+        where = f"on PATH={path!r}" if "/" not in command[0] else "there"
+        raise errors.LauncherError(
+            f"command[0]={command[0]!r} is not an executable file {where}; "
+            "expected an executable on PATH or a path to one. Check the "
+            "command."
+        )
+    return program
 
 
 class TaskProcess:
@@ -67,18 +92,36 @@ class TaskProcess:
         self.pumps: list[threading.Thread] = []
         self.waiter: threading.Thread | None = None
 
-    def start(self, command: Sequence[str], env: Mapping[str, str]) -> None:
+    def start(
+        self,
+        program: str,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        network: isolation.PrivateNetwork | None = None,
+    ) -> None:
         """Starts the process: `command` with `env` plus the task's TF_CONFIG.
 
+        Args:
+          program: The executable, as `find_program(command, env)` found it.
+          command: Its argv, `command[0]` included.
+          env: The task's environment, without TF_CONFIG.
+          network: The private network namespace to run it in, or `None`
+            for the host's network.
+
         Raises:
-          LauncherError: If the process cannot be started (such as a command
-            not found).
+          LauncherError: If the process cannot be started.
         """
         task_env = dict(env)
         task_env[tf_config.TF_CONFIG_ENV_VAR] = self.config.to_json()
+        argv, fds = list(command), tuple[int, ...]()
+        if network is not None:
+            argv, fds = network.wrap(program, command)
         try:
             process = subprocess.Popen(
-                list(command),
+                argv,
+                executable=program if network is None else None,
+                pass_fds=fds,
                 env=task_env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -87,9 +130,9 @@ class TaskProcess:
             )
         except OSError as e:
             raise errors.LauncherError(
-                f"cannot start task {self.task.name}: command[0]="
-                f"{command[0]!r} failed with {e.strerror or e}; expected an "
-                "executable on PATH or a path to one. Check the command."
+                f"cannot start task {self.task.name}: {program!r} failed "
+                f"with {e.strerror or e}; expected an executable it can run. "
+                "Check the command."
             ) from e
         self.process = process
         self.exit_code = None

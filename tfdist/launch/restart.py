@@ -7,12 +7,15 @@
 
     for attempt in 0..restarts:
         cluster = make_local_cluster(shape)        # fresh ports each attempt
-        result = LocalJob(cluster, ...).run(timeout_s=time left)
+        result = LocalJob(cluster, ...).run(timeout_s=time left)  # a fresh
+                                                   # private network each
         if result is not FAILED, or a signal came, or time is up: return it
     return the last result
 
 SIGINT/SIGTERM received by the launcher (main thread only) are forwarded to
-the running attempt's tasks, and end the job.
+the running attempt's tasks, and end the job. Whether the tasks run in a
+private network namespace is decided once, before the first attempt; if
+they cannot, the launcher says so once and carries on without.
 
 This module imports nothing from TensorFlow.
 """
@@ -31,6 +34,7 @@ from typing import TextIO
 
 from tfdist import errors
 from tfdist._internal import validation
+from tfdist.launch import isolation
 from tfdist.launch import job
 from tfdist.launch import local_cluster
 from tfdist.launch import supervisor
@@ -80,6 +84,7 @@ def run_local_job(
     restarts: int = 0,
     timeout_s: float | None = None,
     grace_period_s: float = supervisor.DEFAULT_GRACE_PERIOD_S,
+    isolate: bool | None = None,
     forward_signals: bool = False,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
@@ -90,8 +95,9 @@ def run_local_job(
     that lingers or a port in TIME_WAIT cannot break the next attempt; a
     script must not depend on its port across restarts). Only a `FAILED`
     attempt is restarted; a timeout or a stop request ends the job. The
-    launcher's own messages go to `stderr` prefixed `tfdist-launch: `,
-    including `restart i/K` before each restart.
+    launcher's own messages go to `stderr` prefixed `tfdist-launch: `:
+    `starting ...` with every task's address before each attempt, and
+    `restart i/K` before each restart.
 
     Args:
       command: The program and arguments every task runs.
@@ -100,6 +106,10 @@ def run_local_job(
       restarts: How many times to relaunch the whole job after a failure.
       timeout_s: Limit on all attempts together, or `None`.
       grace_period_s: Seconds a stopped task has to exit before SIGKILL.
+      isolate: Whether the tasks run in a private network namespace (each
+        attempt its own): True requires it, False runs them on the host's
+        network, None isolates them where the OS allows it and otherwise
+        says so once on `stderr` and runs them on the host's network.
       forward_signals: Whether to forward SIGINT/SIGTERM received by this
         process to the tasks (main thread only; handlers are restored on
         return).
@@ -113,7 +123,8 @@ def run_local_job(
     Raises:
       TypeError: If an argument has the wrong type.
       LauncherError: If `restarts` is out of range, the command is empty,
-        or a task cannot be started.
+        a task cannot be started, or `isolate=True` but the OS does not
+        allow it.
       ConfigError: If `timeout_s` or `grace_period_s` is not positive.
 
     Example:
@@ -140,6 +151,12 @@ def run_local_job(
         sink.write(f"tfdist-launch: {message}\n")
         sink.flush()
 
+    is_isolated = isolation.should_isolate(isolate, report=log)
+    network = (
+        "in a private network namespace"
+        if is_isolated
+        else "on this host's network"
+    )
     deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
     forwarder = _SignalForwarder()
     with contextlib.ExitStack() as stack:
@@ -153,6 +170,7 @@ def run_local_job(
                 argv,
                 env=env,
                 grace_period_s=grace_period_s,
+                isolate=is_isolated,
                 stdout=stdout,
                 stderr=stderr,
             )
@@ -160,7 +178,7 @@ def run_local_job(
             if forwarder.signal_number is not None:
                 local_job.request_stop(forwarder.signal_number)
             log(
-                f"starting {cluster.num_tasks} task(s): "
+                f"starting {cluster.num_tasks} task(s) {network}: "
                 + ", ".join(
                     f"{t.name}={cluster.address(t)}" for t in cluster.tasks()
                 )

@@ -8,10 +8,15 @@
 Every task of the cluster runs the same command (`process.TaskProcess`),
 with the caller's `env` plus its own `TF_CONFIG` (written by
 `ClusterConfig.to_json()`, so it always parses); its output lines are
-copied to the launcher's streams prefixed with the task (`output`).
+copied to the launcher's streams prefixed with the task (`output`). All
+tasks run in one private network namespace of their own where the OS
+allows it (`isolation`): TensorFlow's servers listen on every interface,
+and there only the job's own tasks can reach them.
 
 Supervision (`LocalJob.run`) is a small state machine:
 
+    look up every task's program     # an error here starts nothing
+    create the private network       # unless isolate=False (or impossible)
     start every task                 # chief, workers, ps, evaluator
     while RUNNING:
         wait for an event: a task exits | request_stop(sig) | deadline
@@ -21,7 +26,7 @@ Supervision (`LocalJob.run`) is a small state machine:
         every chief/worker exited 0   -> SUCCEEDED  (ps never exit by themselves)
     signal every task still running (SIGTERM, or the forwarded signal)
     wait up to grace_period_s; SIGKILL the rest (a second request: at once)
-    reap every task, drain its output, return JobResult
+    reap every task, drain its output, release the network, return JobResult
 
 Whatever happens, including an exception or `KeyboardInterrupt` inside
 `run`, no task process is left running when `run` returns or raises; a
@@ -39,13 +44,16 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TextIO
 
+from tfdist import errors
 from tfdist._internal import validation
 from tfdist.cluster import spec
+from tfdist.launch import isolation
 from tfdist.launch import job
 from tfdist.launch import output as output_lib
 from tfdist.launch import process as process_lib
@@ -80,6 +88,11 @@ class LocalJob:
     none) has exited 0; ps and evaluator tasks still running then are
     stopped. See the module docstring for the state machine.
 
+    With `isolate` (by default, where the OS allows it), all tasks run in
+    one private network namespace: they reach each other at the cluster's
+    127.0.0.1 addresses, and nothing outside the job reaches them, nor they
+    anything outside it (no downloads, no network file systems).
+
     A `LocalJob` runs once. `run` blocks; `request_stop` may be called from
     any thread or a signal handler while it runs.
 
@@ -91,6 +104,11 @@ class LocalJob:
         `dict(os.environ)` to inherit the launcher's.
       rpc_layer: The protocol written into TF_CONFIG.
       grace_period_s: Seconds a stopped task has to exit before SIGKILL.
+      isolate: Whether to run the tasks in a private network namespace:
+        True requires it, False runs them on the host's network, and None
+        isolates them where the OS allows it, else warns (a
+        `RuntimeWarning`, once per calling line) and runs them on the
+        host's network.
       stdout: Where task stdout lines go; `None` means `sys.stdout` at the
         time `run` starts.
       stderr: Where task stderr lines go; `None` means `sys.stderr`.
@@ -116,6 +134,7 @@ class LocalJob:
         env: Mapping[str, str],
         rpc_layer: str = spec.DEFAULT_RPC_LAYER,
         grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
+        isolate: bool | None = None,
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
     ) -> None:
@@ -147,6 +166,12 @@ class LocalJob:
         self._grace_period_s = validation.check_positive_number(
             "grace_period_s", grace_period_s
         )
+        if isolate is not None and not isinstance(isolate, bool):
+            raise TypeError(
+                f"isolate must be True, False or None; received "
+                f"isolate={isolate!r} of type {type(isolate).__name__}."
+            )
+        self._isolate = isolate
         self._stdout = stdout
         self._stderr = stderr
         self._events: queue.SimpleQueue[process_lib.Event] = queue.SimpleQueue()
@@ -192,8 +217,10 @@ class LocalJob:
         Raises:
           RuntimeError: If the job has already run.
           ConfigError: If `timeout_s` is not a positive number.
-          LauncherError: If a task cannot be started (such as a command not
-            found); the tasks already started are killed first.
+          LauncherError: If a task's program is not found (no task is
+            started then), `isolate=True` but the OS does not allow it, or
+            a task cannot be started (the tasks already started are killed
+            first).
         """
         if timeout_s is not None:
             timeout_s = validation.check_positive_number("timeout_s", timeout_s)
@@ -205,6 +232,13 @@ class LocalJob:
                     "fresh ports) to run the job again."
                 )
             self._has_run = True
+        programs = [
+            _find_program(config, command, self._env)
+            for config, command in zip(self._configs, self._commands)
+        ]
+        is_isolated = isolation.should_isolate(
+            self._isolate, report=_warn_not_isolated
+        )
         output = output_lib.TaskOutput(
             self._stdout if self._stdout is not None else sys.stdout,
             self._stderr if self._stderr is not None else sys.stderr,
@@ -215,9 +249,15 @@ class LocalJob:
             process_lib.TaskProcess(index, config, output, self._events)
             for index, config in enumerate(self._configs)
         ]
+        network = isolation.PrivateNetwork.create() if is_isolated else None
         try:
             for task in tasks:
-                task.start(self._commands[task.index], self._env)
+                task.start(
+                    programs[task.index],
+                    self._commands[task.index],
+                    self._env,
+                    network=network,
+                )
             outcome, failed, signal_number = self._supervise(tasks, deadline_s)
             if outcome is not job.JobOutcome.SUCCEEDED or any(
                 t.is_running for t in tasks
@@ -230,6 +270,8 @@ class LocalJob:
                 )
         finally:
             _kill_and_reap(tasks)
+            if network is not None:
+                network.close()
         return job.JobResult(
             outcome=outcome,
             tasks=tuple(t.result() for t in tasks),
@@ -237,6 +279,7 @@ class LocalJob:
             signal_number=signal_number,
             timeout_s=timeout_s,
             elapsed_s=time.monotonic() - started_s,
+            is_isolated=is_isolated,
         )
 
     def _supervise(
@@ -296,6 +339,24 @@ class LocalJob:
         for task in running:
             if task.is_running and task.signal_group(signal.SIGKILL):
                 task.was_stopped = task.was_killed = True
+
+
+def _find_program(
+    config: spec.ClusterConfig, command: Sequence[str], env: Mapping[str, str]
+) -> str:
+    try:
+        return process_lib.find_program(command, env)
+    except errors.LauncherError as e:
+        assert config.task is not None  # LocalJob builds one per task.
+        raise errors.LauncherError(
+            f"cannot start task {config.task.name}: {e}"
+        ) from None
+
+
+def _warn_not_isolated(notice: str) -> None:
+    # stacklevel 4: the caller of LocalJob.run (through should_isolate and
+    # run), so the default warnings filter shows it once per calling line.
+    warnings.warn(notice, RuntimeWarning, stacklevel=4)
 
 
 def _kill_and_reap(tasks: Sequence[process_lib.TaskProcess]) -> None:

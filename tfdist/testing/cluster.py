@@ -1,4 +1,4 @@
-"""Runs a Python function on a real multi-process cluster on 127.0.0.1.
+"""Runs a Python function on a real multi-process cluster on this machine.
 
     def all_reduce_ones() -> float:          # top level of an importable module
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -11,7 +11,10 @@
 `tfdist.launch.make_local_cluster`, so free 127.0.0.1 ports only), each
 with its own TF_CONFIG, supervised by `tfdist.launch.LocalJob`: every
 output line is prefixed with its task (`[worker:0] ...`), the first task to
-fail stops the others, and the timeout kills them all.
+fail stops the others, and the timeout kills them all. As with
+`tfdist-launch`, the tasks run in a private network namespace of their own
+where the OS allows it (~0.15 s more per run), so that nothing outside the
+test reaches their servers, which listen on every interface.
 
 Each chief/worker process imports `fn` by its module and qualified name
 (as `pickle` does), calls `fn(*args)` and pickles the return value back
@@ -65,6 +68,7 @@ def run_local_cluster(
     timeout_s: float = 60.0,
     args: Sequence[Any] = (),
     env: Mapping[str, str] | None = None,
+    isolate: bool | None = None,
 ) -> tuple[Any, ...]:
     """Runs `fn(*args)` in one process per chief/worker task of a cluster.
 
@@ -86,6 +90,9 @@ def run_local_cluster(
       args: Picklable positional arguments, the same for every task.
       env: Environment variables to set in every task, over the parent's
         environment and the thread-limit defaults above.
+      isolate: Whether the tasks run in a private network namespace: None
+        (where the OS allows it; else a `RuntimeWarning`), True (required)
+        or False (the host's network); see `tfdist.launch.LocalJob`.
 
     Returns:
       The return values of `fn`, one per chief/worker task, in task order:
@@ -94,7 +101,8 @@ def run_local_cluster(
     Raises:
       TypeError: If `fn` cannot be imported by name in another process, or
         `args` cannot be pickled.
-      LauncherError: If a count is out of range.
+      LauncherError: If a count is out of range, or `isolate=True` but
+        the OS does not allow it.
       CollectiveError: If a task raised (`err.task` names it; the message
         holds its traceback and `err.__cause__` is its exception when that
         can be unpickled), exited non-zero, or returned a value that cannot
@@ -142,6 +150,7 @@ def run_local_cluster(
             lambda task: [sys.executable, task_main, call_file, tmp, task.name],
             env=task_env,
             grace_period_s=GRACE_PERIOD_S,
+            isolate=isolate,
         )
         result = job.run(timeout_s=timeout_s)
         return _collect(result, tmp)

@@ -186,7 +186,8 @@ class EmitTfjobTest(parameterized.TestCase):
         )
 
         self.assertEqual(status, 0, err)
-        manifest = yaml.safe_load(out)
+        manifest, policy = yaml.safe_load_all(out)
+        self.assertEqual(policy["kind"], "NetworkPolicy")
         self.assertEqual(manifest["kind"], "TFJob")
         self.assertEqual(manifest["metadata"]["name"], "train-job")
         self.assertEqual(manifest["spec"]["runPolicy"]["backoffLimit"], 2)
@@ -199,6 +200,17 @@ class EmitTfjobTest(parameterized.TestCase):
         self.assertEqual(container["image"], "me/train:1")
         self.assertEqual(
             container["command"], ["python", "train.py", "--steps", "10"]
+        )
+
+    def test_no_network_policy_leaves_the_policy_out(self):
+        status, out, err = _cli(
+            "--workers", "2", "--emit", "tfjob", "--no-network-policy",
+            "--", "python", "train.py",
+        )  # fmt: skip
+
+        self.assertEqual(status, 0, err)
+        self.assertEqual(
+            [d["kind"] for d in yaml.safe_load_all(out)], ["TFJob"]
         )
 
 
@@ -302,6 +314,28 @@ class BadArgumentsTest(parameterized.TestCase):
             r"--restarts 1 does not apply to --print-tf-config",
         ),
         (
+            "no_isolate_with_emit",
+            ["--workers", "1", "--no-isolate", "--emit", "tfjob", "--", "x"],
+            r"--no-isolate does not apply to --emit tfjob",
+        ),
+        (
+            "no_isolate_with_print",
+            [
+                "--workers",
+                "1",
+                "--no-isolate",
+                "--print-tf-config",
+                "--hosts",
+                "a:1",
+            ],
+            r"--no-isolate does not apply to --print-tf-config",
+        ),
+        (
+            "network_policy_without_emit",
+            ["--workers", "1", "--no-network-policy", "--", "x"],
+            r"--no-network-policy only applies to --emit tfjob",
+        ),
+        (
             "unknown_emit",
             ["--workers", "1", "--emit", "pod", "--", "x"],
             r"invalid choice: 'pod'",
@@ -335,6 +369,8 @@ class BadArgumentsTest(parameterized.TestCase):
         self.assertEqual(status, 0)
         self.assertIn("usage: tfdist-launch --workers N", out)
         self.assertIn("--print-tf-config", out)
+        self.assertIn("--no-isolate", out)
+        self.assertIn("one private network namespace", out)
 
 
 def _read_lines(stream, lines: queue.Queue) -> None:

@@ -16,6 +16,7 @@ from absl.testing import absltest
 
 from tfdist.cluster import spec
 from tfdist.cluster import tf_config
+from tfdist.launch import isolation
 
 #: Bound on how long a job may take, far above what it needs: it catches a
 #: hang, not a slow machine.
@@ -66,6 +67,13 @@ def make_fifos(test: absltest.TestCase, *names: str) -> str:
     for name in names or ("ps", "evaluator"):
         os.mkfifo(os.path.join(directory, name))
     return directory
+
+
+def skip_without_network_namespaces(test: absltest.TestCase) -> None:
+    """Skips `test`, saying why, where this OS refuses network namespaces."""
+    reason = isolation.unavailable_reason()
+    if reason is not None:
+        test.skipTest(f"this OS refuses network namespaces: {reason}")
 
 
 def python(code: str, *args: str) -> list[str]:

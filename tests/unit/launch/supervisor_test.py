@@ -216,11 +216,13 @@ class LocalJobSupervisionTest(parameterized.TestCase):
         self.assertLess(result.elapsed_s, programs.JOB_BOUND_S)
 
     @parameterized.named_parameters(
-        ("sigint", signal.SIGINT, 130),
-        ("sigterm", signal.SIGTERM, 143),
+        ("sigint", signal.SIGINT, 130, None),
+        ("sigterm", signal.SIGTERM, 143, None),
+        ("sigint_host_network", signal.SIGINT, 130, False),
+        ("sigterm_host_network", signal.SIGTERM, 143, False),
     )
     def test_request_stop_forwards_signal_to_every_task(
-        self, signal_number, exit_status
+        self, signal_number, exit_status, isolate
     ):
         out = programs.ReadySink("ready", count=2)
         local_job = supervisor.LocalJob(
@@ -231,6 +233,7 @@ class LocalJobSupervisionTest(parameterized.TestCase):
             # Escalation to SIGKILL is tested elsewhere; on a loaded machine
             # a task may need more than the default 5 s to exit.
             grace_period_s=programs.JOB_BOUND_S,
+            isolate=isolate,
         )
 
         def stop_when_ready() -> None:

@@ -11,16 +11,28 @@ from tfdist.launch import job
 from tfdist.launch import tfjob
 
 
+# The label the training operator puts on every pod of TFJob "my-job".
+_MY_JOB_LABELS = {"training.kubeflow.org/job-name": "my-job"}
+
+
+def _documents(text: str) -> dict[str, dict]:
+    """The manifest's YAML documents by kind."""
+    documents = list(yaml.safe_load_all(text))
+    by_kind = {d["kind"]: d for d in documents}
+    assert len(by_kind) == len(documents), "two documents of one kind"
+    return by_kind
+
+
 class TfjobManifestTest(parameterized.TestCase):
     def test_manifest_has_replica_specs_with_counts(self):
-        manifest = yaml.safe_load(
+        manifest = _documents(
             tfjob.tfjob_manifest(
                 ["python", "train.py", "--flag", 'it\'s "quoted"'],
                 job.JobShape(3, num_ps=2, has_chief=True, has_evaluator=True),
                 name="my-job",
                 image="registry/me/train:1",
             )
-        )
+        )["TFJob"]
 
         self.assertEqual(manifest["apiVersion"], "kubeflow.org/v1")
         self.assertEqual(manifest["kind"], "TFJob")
@@ -42,14 +54,14 @@ class TfjobManifestTest(parameterized.TestCase):
         self.assertNotIn("runPolicy", manifest["spec"])
 
     def test_workers_only_manifest_has_defaults_and_run_policy(self):
-        manifest = yaml.safe_load(
+        manifest = _documents(
             tfjob.tfjob_manifest(
                 ["python", "train.py"],
                 job.JobShape(2),
                 restarts=3,
                 timeout_s=90.5,
             )
-        )
+        )["TFJob"]
 
         self.assertEqual(manifest["metadata"]["name"], tfjob.DEFAULT_TFJOB_NAME)
         self.assertEqual(list(manifest["spec"]["tfReplicaSpecs"]), ["Worker"])
@@ -57,6 +69,49 @@ class TfjobManifestTest(parameterized.TestCase):
             manifest["spec"]["runPolicy"],
             {"backoffLimit": 3, "activeDeadlineSeconds": 91},
         )
+
+    def test_network_policy_admits_only_the_jobs_own_pods(self):
+        documents = _documents(
+            tfjob.tfjob_manifest(
+                ["python", "train.py"],
+                job.JobShape(2, num_ps=1, has_chief=True, has_evaluator=True),
+                name="my-job",
+            )
+        )
+
+        self.assertEqual(list(documents), ["TFJob", "NetworkPolicy"])
+        policy = documents["NetworkPolicy"]
+        self.assertEqual(policy["apiVersion"], "networking.k8s.io/v1")
+        self.assertEqual(policy["metadata"], {"name": "my-job-same-job-only"})
+        # Applies to the job's pods, restricts ingress only (egress stays
+        # open), and admits exactly one source: pods with the same labels.
+        self.assertEqual(
+            policy["spec"],
+            {
+                "podSelector": {"matchLabels": _MY_JOB_LABELS},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"from": [{"podSelector": {"matchLabels": _MY_JOB_LABELS}}]}
+                ],
+            },
+        )
+        # The selector matches every replica's pods, whichever operator
+        # version sets (or does not set) the label itself.
+        replicas = documents["TFJob"]["spec"]["tfReplicaSpecs"]
+        self.assertLen(replicas, 4)
+        for name, replica in replicas.items():
+            labels = replica["template"]["metadata"]["labels"]
+            self.assertContainsSubset(
+                _MY_JOB_LABELS.items(), labels.items(), name
+            )
+
+    def test_network_policy_left_out_when_turned_off(self):
+        text = tfjob.tfjob_manifest(
+            ["python", "train.py"], job.JobShape(2), network_policy=False
+        )
+
+        self.assertEqual(list(_documents(text)), ["TFJob"])
+        self.assertNotIn("---", text)
 
     @parameterized.named_parameters(
         ("upper_case_name", {"name": "MyJob"}, r"name='MyJob' is not a valid"),
