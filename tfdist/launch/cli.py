@@ -42,8 +42,8 @@ _PROG = "tfdist-launch"
 _EXIT_USAGE = 2
 _USAGE = f"""\
 {_PROG} --workers N [--ps M] [--chief] [--evaluator]
-                     [--restarts K] [--timeout-s T] [--grace-period-s S]
-                     [--no-isolate] -- COMMAND [ARG ...]
+                     [--restarts K] [--worker-restarts K] [--timeout-s T]
+                     [--grace-period-s S] [--no-isolate] -- COMMAND [ARG ...]
        {_PROG} --workers N [...] --print-tf-config --hosts H:P,H:P,... \
 [-- COMMAND ...]
        {_PROG} --workers N [...] --emit tfjob [--name NAME] [--image IMAGE]
@@ -52,11 +52,21 @@ _USAGE = f"""\
 _DESCRIPTION = """\
 Runs COMMAND once per task of a TF_CONFIG cluster on this machine (addresses
 127.0.0.1:<free port>), each task with its own TF_CONFIG, and prefixes every
-output line with the task ("[worker:1] ..."). The job succeeds when every
-chief/worker task exits 0; ps and evaluator tasks are then stopped. When a
-task exits non-zero the others are stopped. SIGINT/SIGTERM are forwarded to
+output line with the task ("[worker:1] ..."). SIGINT/SIGTERM are forwarded to
 every task. Python tasks buffer piped output: use `python -u` to see lines as
 they are printed.
+
+multi-worker jobs (no --ps): the job succeeds when every chief/worker task
+exits 0; an evaluator still running is then stopped. When a task exits
+non-zero the others are stopped and the job fails.
+
+parameter-server jobs (--ps M, which needs --chief): the chief runs the
+training script; worker and ps tasks serve until the job ends. The job
+succeeds when the chief exits 0, and the serving tasks are then stopped. A
+worker that exits non-zero (or is killed) is restarted alone, with the same
+TF_CONFIG and port, up to --worker-restarts times, while the chief carries on.
+The chief, a ps task or the evaluator exiting non-zero, or a worker beyond its
+restarts, fails the job.
 
 network: TensorFlow's servers listen on every interface (*:PORT), whatever
 the address in TF_CONFIG, and let anyone who reaches them run code. So on
@@ -71,7 +81,7 @@ exceeded, 128+N stopped by signal N (130 for Ctrl-C).
 
 examples:
   {_PROG} --workers 2 -- python -u train.py --epochs 3
-  {_PROG} --workers 2 --ps 1 --restarts 2 --timeout-s 600 -- python -u ps.py
+  {_PROG} --chief --workers 2 --ps 2 --restarts 1 -- python -u train_ps.py
   {_PROG} --workers 2 --chief --print-tf-config \
 --hosts 10.0.0.1:2222,10.0.0.2:2222,10.0.0.3:2222
   {_PROG} --workers 4 --emit tfjob --image registry/me/train:1 -- python train.py
@@ -178,8 +188,18 @@ def _build_parser(out: TextIO) -> _Parser:
         "--restarts",
         type=_count_type("--restarts", 0, "2"),
         metavar="K",
-        help="relaunch the whole job on fresh ports after a task fails, up "
-        "to K times (default 0; with --emit: the TFJob's backoffLimit)",
+        help="relaunch the whole job on fresh ports after it fails, up to K "
+        "times (default 0; with --emit: the TFJob's backoffLimit)",
+    )
+    run.add_argument(
+        "--worker-restarts",
+        type=_count_type("--worker-restarts", 0, "3"),
+        metavar="K",
+        help="parameter-server jobs only: restart a worker task that exits "
+        "non-zero, alone and with the same TF_CONFIG and port, up to K times "
+        "per worker, before its exit fails the job (default "
+        f"{supervisor.DEFAULT_WORKER_RESTARTS}); --restarts then relaunches "
+        "the whole job",
     )
     run.add_argument(
         "--timeout-s",
@@ -267,6 +287,28 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
                     f"{flag} {value} does not apply to --print-tf-config, "
                     f"which launches nothing. Drop {flag}."
                 )
+    if args.ps and not args.chief:
+        raise _UsageError(
+            f"--ps {args.ps} makes this a parameter-server job, whose chief "
+            "runs the training script (TensorFlow's ParameterServerStrategy "
+            "coordinates from it), but there is no --chief. Add --chief, or "
+            "drop --ps for a multi-worker job."
+        )
+    if args.worker_restarts is not None:
+        if not args.ps:
+            raise _UsageError(
+                f"--worker-restarts {args.worker_restarts} only applies to "
+                "parameter-server jobs (--ps M --chief); in a multi-worker "
+                "job a failed task fails the job. Use --restarts to relaunch "
+                "the whole job, or add --ps."
+            )
+        if args.print_tf_config or args.emit:
+            raise _UsageError(
+                f"--worker-restarts {args.worker_restarts} does not apply to "
+                "--print-tf-config or --emit tfjob, which launch nothing "
+                "(Kubeflow restarts failed pods itself). Drop "
+                "--worker-restarts."
+            )
     if args.no_isolate and (args.print_tf_config or args.emit):
         mode = "--print-tf-config" if args.print_tf_config else "--emit tfjob"
         raise _UsageError(
@@ -386,6 +428,11 @@ def run_cli(
             _shape(args),
             env=env,
             restarts=args.restarts or 0,
+            worker_restarts=(
+                supervisor.DEFAULT_WORKER_RESTARTS
+                if args.worker_restarts is None
+                else args.worker_restarts
+            ),
             timeout_s=args.timeout_s,
             grace_period_s=(
                 args.grace_period_s or supervisor.DEFAULT_GRACE_PERIOD_S

@@ -1,11 +1,13 @@
-"""What a job is and how it ended: `JobShape` and the results.
+"""What a job is and how it ended: `JobShape`, `JobKind` and the results.
 
-    shape = JobShape(2, num_ps=1, has_chief=True)
-    [t.name for t in shape.tasks()]   # chief:0, worker:0, worker:1, ps:0
+    shape = JobShape(2, num_ps=2, has_chief=True)
+    [t.name for t in shape.tasks()]   # chief:0, worker:0, worker:1, ps:0, ps:1
+    shape.kind                        # JobKind.PARAMETER_SERVER
 
 `JobShape` is the one description of a job's tasks that every launcher
-entry point takes (local ports, real hosts, Kubeflow); `LocalJob` reports
-each run as a `JobResult` of `TaskResult`s.
+entry point takes (local ports, real hosts, Kubeflow). `JobKind` says what
+ends a job and which failures it survives; `LocalJob` reports each run as a
+`JobResult` of `TaskResult`s.
 
 This module imports nothing from TensorFlow.
 """
@@ -22,6 +24,7 @@ from tfdist._internal import validation
 from tfdist.cluster import spec
 
 __all__ = [
+    "JobKind",
     "JobOutcome",
     "JobResult",
     "JobShape",
@@ -37,13 +40,43 @@ _EXIT_SIGNAL_BASE = 128  # 128 + N: stopped by signal N.
 _PRIMARY_TASK_TYPES = ("chief", "worker")
 
 
+class JobKind(enum.Enum):
+    """What ends a job, and which task failures it survives.
+
+    In both kinds a timeout or a stop request ends the job, and every task
+    still running when the job ends is stopped (SIGTERM, then SIGKILL after
+    the grace period); being stopped is not a failure.
+    """
+
+    #: Every chief/worker task runs the script to its end (TF's
+    #: MultiWorkerMirroredStrategy, or `tfdist.testing.run_local_cluster`).
+    #: The job succeeds when every chief/worker task (every task, if there
+    #: are none) has exited 0; ps and evaluator tasks still running then are
+    #: stopped. The first task to exit non-zero fails the job.
+    MULTI_WORKER = "multi_worker"
+    #: The chief runs the script; worker and ps tasks serve until the job
+    #: ends (a parameter-server strategy starts their servers). The job
+    #: succeeds when the chief exits 0. A worker that exits non-zero (or is
+    #: killed) is restarted alone, with the same TF_CONFIG and port, while
+    #: the chief carries on, up to a bound per worker; any other task that
+    #: exits non-zero, or a worker past its bound, fails the job.
+    PARAMETER_SERVER = "parameter_server"
+
+    @classmethod
+    def of(cls, cluster: spec.ClusterSpec) -> JobKind:
+        """`PARAMETER_SERVER` if `cluster` has ps tasks, else `MULTI_WORKER`."""
+        return cls.PARAMETER_SERVER if cluster.num_ps else cls.MULTI_WORKER
+
+
 @dataclasses.dataclass(frozen=True)
 class JobShape:
     """The tasks of a job: how many workers and ps, whether a chief/evaluator.
 
     Attributes:
       num_workers: Worker tasks, >= 1.
-      num_ps: Parameter-server tasks, >= 0.
+      num_ps: Parameter-server tasks, >= 0. A job with ps tasks is a
+        parameter-server job (`kind`), which `LocalJob` runs only with a
+        chief.
       has_chief: Whether the job has a `chief` task.
       has_evaluator: Whether the job has an `evaluator` task.
 
@@ -77,6 +110,11 @@ class JobShape:
                     f"{name} must be a bool; received {name}={value!r} of "
                     f"type {type(value).__name__}."
                 )
+
+    @property
+    def kind(self) -> JobKind:
+        """`PARAMETER_SERVER` if the job has ps tasks, else `MULTI_WORKER`."""
+        return JobKind.PARAMETER_SERVER if self.num_ps else JobKind.MULTI_WORKER
 
     @property
     def num_tasks(self) -> int:
@@ -140,9 +178,11 @@ def check_command(command: object) -> tuple[str, ...]:
 class JobOutcome(enum.Enum):
     """How a `LocalJob` ended."""
 
-    #: Every chief/worker task exited 0.
+    #: Multi-worker: every chief/worker task exited 0. Parameter-server: the
+    #: chief exited 0.
     SUCCEEDED = "succeeded"
-    #: A task exited with a non-zero code (or was killed by a signal).
+    #: A task exited with a non-zero code (or was killed by a signal) and
+    #: the job's kind does not survive that (see `JobKind`).
     FAILED = "failed"
     #: The job ran past its `timeout_s`.
     TIMED_OUT = "timed_out"
@@ -152,32 +192,40 @@ class JobOutcome(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class TaskResult:
-    """How one task process ended.
+    """How one task ended.
 
     Attributes:
       task: The task.
-      exit_code: The process's exit status, as `subprocess` reports it: a negative value `-N` means it was killed by signal `N`.
+      exit_code: The exit status of its last process, as `subprocess`
+        reports it: a negative value `-N` means it was killed by signal `N`.
       was_stopped: Whether the launcher signalled it before it exited (to
         end the job, forward a signal, or enforce the timeout).
       was_killed: Whether it ignored that signal for the grace period and
         was killed with SIGKILL.
+      restarts: How many times the task was restarted alone (worker tasks
+        of a parameter-server job); 0 otherwise.
     """
 
     task: spec.TaskSpec
     exit_code: int
     was_stopped: bool = False
     was_killed: bool = False
+    restarts: int = 0
 
     @property
     def succeeded(self) -> bool:
-        """Whether the task exited with code 0."""
+        """Whether the task's last process exited with code 0."""
         return self.exit_code == 0
 
     def describe(self) -> str:
         """Returns e.g. `"exited with code 3"` or `"was killed by SIGKILL"`."""
         if self.exit_code < 0:
-            return f"was killed by {_signal_name(-self.exit_code)}"
-        return f"exited with code {self.exit_code}"
+            how = f"was killed by {_signal_name(-self.exit_code)}"
+        else:
+            how = f"exited with code {self.exit_code}"
+        if self.restarts:
+            how += f" after {self.restarts} restart(s)"
+        return how
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -187,7 +235,8 @@ class JobResult:
     Attributes:
       outcome: Why supervision ended.
       tasks: One result per task, in `ClusterSpec.tasks()` order.
-      failed_task: For `FAILED`, the first task that exited non-zero.
+      kind: The rules the job ran under.
+      failed_task: For `FAILED`, the task whose exit failed the job.
       signal_number: For `INTERRUPTED`, the signal passed to `request_stop`.
       timeout_s: The time limit the job ran under, or `None`.
       elapsed_s: Seconds from starting the first task to reaping the last.
@@ -196,6 +245,7 @@ class JobResult:
 
     outcome: JobOutcome
     tasks: tuple[TaskResult, ...]
+    kind: JobKind = JobKind.MULTI_WORKER
     failed_task: spec.TaskSpec | None = None
     signal_number: int | None = None
     timeout_s: float | None = None
@@ -279,6 +329,26 @@ class JobResult:
                 f"received {_signal_name(self.signal_number)}; forwarded it "
                 f"to {len(stopped)} running task(s): {_names(stopped) or '-'}"
                 f"{killed_note}."
+            )
+        restarted = [r for r in self.tasks if r.restarts]
+        restarted_note = (
+            "; restarted "
+            + ", ".join(
+                f"{r.task.name} {r.restarts} time(s)" for r in restarted
+            )
+            if restarted
+            else ""
+        )
+        if self.kind is JobKind.PARAMETER_SERVER:
+            ended = (
+                f"; stopped the {len(stopped)} task(s) still serving: "
+                f"{_names(stopped)}{killed_note}"
+                if stopped
+                else ""
+            )
+            return (
+                f"the chief exited 0 in {self.elapsed_s:.1f} s{ended}"
+                f"{restarted_note}."
             )
         primary = [
             r for r in self.tasks if r.task.task_type in _PRIMARY_TASK_TYPES

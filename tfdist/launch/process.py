@@ -5,12 +5,14 @@
     task.start(program, command, env, network=network)
     task.signal_group(signal.SIGTERM)
     # events receives ("exit", index, exit_code) when the process exits
+    task.restart()                            # the same again, after an exit
 
 Each task runs in its own process group (it is the group's leader), with
 stdin from /dev/null and its stdout/stderr piped to pumps that prefix every
 line with the task, inside the job's private network namespace if it has
 one (`isolation`). A waiter thread reaps the process and reports its exit
-on the job's event queue.
+on the job's event queue. A task can be started again once its process has
+exited (`restart`): same command, environment, TF_CONFIG and network.
 
 POSIX only (process groups, signals). This module imports nothing from
 TensorFlow.
@@ -18,12 +20,14 @@ TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping
 from collections.abc import Sequence
 
@@ -62,14 +66,23 @@ def find_program(command: Sequence[str], env: Mapping[str, str]) -> str:
     return program
 
 
+@dataclasses.dataclass
+class _Life:
+    """One process of a task: started once, reaped once."""
+
+    process: subprocess.Popen[bytes]
+    pumps: list[threading.Thread]
+    waiter: threading.Thread
+
+
 class TaskProcess:
-    """One running task: its process, output pumps and exit waiter.
+    """One task: its current process, output pumps and exit waiter.
 
     Args:
       index: The task's position in the job, reported with its exit.
       config: The task's TF_CONFIG (`config.task` is the task).
       output: Where its prefixed output lines go.
-      events: Where its exit is reported.
+      events: Where its exits are reported.
     """
 
     def __init__(
@@ -88,9 +101,16 @@ class TaskProcess:
         self.was_killed = False
         self._output = output
         self._events = events
-        self.process: subprocess.Popen[bytes] | None = None
-        self.pumps: list[threading.Thread] = []
-        self.waiter: threading.Thread | None = None
+        self._lives: list[_Life] = []
+        self._start_args: (
+            tuple[
+                str,
+                Sequence[str],
+                Mapping[str, str],
+                isolation.PrivateNetwork | None,
+            ]
+            | None
+        ) = None
 
     def start(
         self,
@@ -112,6 +132,7 @@ class TaskProcess:
         Raises:
           LauncherError: If the process cannot be started.
         """
+        self._start_args = (program, command, env, network)
         task_env = dict(env)
         task_env[tf_config.TF_CONFIG_ENV_VAR] = self.config.to_json()
         argv, fds = list(command), tuple[int, ...]()
@@ -134,34 +155,61 @@ class TaskProcess:
                 f"with {e.strerror or e}; expected an executable it can run. "
                 "Check the command."
             ) from e
-        self.process = process
         self.exit_code = None
         prefix = f"[{self.task.name}] "
-        self.pumps += [
-            output_lib.start_pump(
-                process.stdout, prefix, "stdout", self._output
-            ),
-            output_lib.start_pump(
-                process.stderr, prefix, "stderr", self._output
-            ),
-        ]
-        self.waiter = output_lib.start_daemon(
-            f"tfdist-{self.task.name}-wait", self._wait_for_exit, process
+        self._lives.append(
+            _Life(
+                process,
+                pumps=[
+                    output_lib.start_pump(
+                        process.stdout, prefix, "stdout", self._output
+                    ),
+                    output_lib.start_pump(
+                        process.stderr, prefix, "stderr", self._output
+                    ),
+                ],
+                waiter=output_lib.start_daemon(
+                    f"tfdist-{self.task.name}-wait",
+                    self._wait_for_exit,
+                    process,
+                ),
+            )
         )
+
+    def restart(self) -> None:
+        """Starts the task again as `start` did, once its exit is recorded.
+
+        Raises:
+          RuntimeError: If the task never started or is still running.
+          LauncherError: If the process cannot be started.
+        """
+        if self._start_args is None or self.is_running:
+            raise RuntimeError(
+                f"TaskProcess.restart() on task {self.task.name}, which "
+                f"{'never started' if self._start_args is None else 'runs'}; "
+                "restart a task only after its exit was recorded."
+            )
+        program, command, env, network = self._start_args
+        self.start(program, command, env, network=network)
+
+    @property
+    def restarts(self) -> int:
+        """How many times the task was started again."""
+        return max(len(self._lives) - 1, 0)
 
     def _wait_for_exit(self, process: subprocess.Popen[bytes]) -> None:
         self._events.put(("exit", self.index, process.wait()))
 
     @property
     def is_running(self) -> bool:
-        """Whether the process started and its exit was not yet recorded."""
-        return self.process is not None and self.exit_code is None
+        """Whether a process started and its exit was not yet recorded."""
+        return bool(self._lives) and self.exit_code is None
 
     def signal_group(self, signal_number: int) -> bool:
         """Signals the task's process group; returns whether it was alive."""
-        process = self.process
-        if process is None or not self.is_running:
+        if not self.is_running:
             return False
+        process = self._lives[-1].process
         if process.returncode is not None:
             return False
         try:
@@ -172,22 +220,36 @@ class TaskProcess:
         return True
 
     def reap(self) -> None:
-        """Waits for the process to exit (kill it first) and records its code."""
-        if self.process is None:
+        """Waits for the current process to exit and records its code.
+
+        Kill it first (`signal_group`): this blocks until it exits.
+        """
+        if not self._lives:
             return
         # The waiter thread reaps; Popen.wait is safe to call alongside it.
-        self.exit_code = self.process.wait()
-        if self.waiter is not None:
-            self.waiter.join()
+        self.exit_code = self._lives[-1].process.wait()
+        for life in self._lives:
+            life.waiter.join()
 
-    def kill_group(self) -> None:
-        """SIGKILLs the task's whole process group, leader gone or not."""
-        if self.process is None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def drain(self, deadline_s: float, *, wait_s: float) -> None:
+        """Waits until `deadline_s` (monotonic) for the output pumps to end.
+
+        A pump still open then is held by a process one of the task's
+        processes left behind in its process group: that group is killed
+        (SIGKILL) and its pumps get `wait_s` more. A pump open even after
+        that (a process that left the group) is abandoned; it is a daemon
+        thread. Call after `reap`.
+        """
+        for life in self._lives:
+            for pump in life.pumps:
+                pump.join(max(0.0, deadline_s - time.monotonic()))
+            if any(pump.is_alive() for pump in life.pumps):
+                try:
+                    os.killpg(life.process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                for pump in life.pumps:
+                    pump.join(wait_s)
 
     def result(self) -> job.TaskResult:
         """The task's result; only after `reap`."""
@@ -197,4 +259,5 @@ class TaskProcess:
             self.exit_code,
             was_stopped=self.was_stopped,
             was_killed=self.was_killed,
+            restarts=self.restarts,
         )

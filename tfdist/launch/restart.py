@@ -5,14 +5,17 @@
 
 `run_local_job` adds what `tfdist-launch` offers on top of `LocalJob`:
 
-    for attempt in 0..restarts:
+    for attempt in 0..restarts:                    # a FAILED job, whole
         cluster = make_local_cluster(shape)        # fresh ports each attempt
         result = LocalJob(cluster, ...).run(timeout_s=time left)  # a fresh
                                                    # private network each
         if result is not FAILED, or a signal came, or time is up: return it
     return the last result
 
-SIGINT/SIGTERM received by the launcher (main thread only) are forwarded to
+In a parameter-server job (`shape.kind`) a worker that dies is first
+restarted alone, inside the attempt (`LocalJob`, `worker_restarts`); only a
+failure of the job itself relaunches all tasks. SIGINT/SIGTERM received by
+the launcher (main thread only) are forwarded to
 the running attempt's tasks, and end the job. Whether the tasks run in a
 private network namespace is decided once, before the first attempt; if
 they cannot, the launcher says so once and carries on without.
@@ -84,6 +87,7 @@ def run_local_job(
     restarts: int = 0,
     timeout_s: float | None = None,
     grace_period_s: float = supervisor.DEFAULT_GRACE_PERIOD_S,
+    worker_restarts: int = supervisor.DEFAULT_WORKER_RESTARTS,
     isolate: bool | None = None,
     forward_signals: bool = False,
     stdout: TextIO | None = None,
@@ -104,6 +108,8 @@ def run_local_job(
       shape: The job's tasks.
       env: The tasks' environment, without TF_CONFIG.
       restarts: How many times to relaunch the whole job after a failure.
+      worker_restarts: In a parameter-server job, how many times each
+        worker task may be restarted alone within one attempt.
       timeout_s: Limit on all attempts together, or `None`.
       grace_period_s: Seconds a stopped task has to exit before SIGKILL.
       isolate: Whether the tasks run in a private network namespace (each
@@ -122,9 +128,9 @@ def run_local_job(
 
     Raises:
       TypeError: If an argument has the wrong type.
-      LauncherError: If `restarts` is out of range, the command is empty,
-        a task cannot be started, or `isolate=True` but the OS does not
-        allow it.
+      LauncherError: If `restarts` or `worker_restarts` is out of range, the
+        command is empty, a parameter-server job has no chief, a task
+        cannot be started, or `isolate=True` but the OS does not allow it.
       ConfigError: If `timeout_s` or `grace_period_s` is not positive.
 
     Example:
@@ -170,6 +176,7 @@ def run_local_job(
                 argv,
                 env=env,
                 grace_period_s=grace_period_s,
+                worker_restarts=worker_restarts,
                 isolate=is_isolated,
                 stdout=stdout,
                 stderr=stderr,

@@ -13,7 +13,8 @@ tasks run in one private network namespace of their own where the OS
 allows it (`isolation`): TensorFlow's servers listen on every interface,
 and there only the job's own tasks can reach them.
 
-Supervision (`LocalJob.run`) is a small state machine:
+Supervision (`LocalJob.run`) is a small state machine; what a task's exit
+means depends on the job's `JobKind`:
 
     look up every task's program     # an error here starts nothing
     create the private network       # unless isolate=False (or impossible)
@@ -22,8 +23,13 @@ Supervision (`LocalJob.run`) is a small state machine:
         wait for an event: a task exits | request_stop(sig) | deadline
         stop requested (signal sig)   -> INTERRUPTED, forward sig to all
         deadline passed               -> TIMED_OUT
-        a task exited with code != 0  -> FAILED(task)
-        every chief/worker exited 0   -> SUCCEEDED  (ps never exit by themselves)
+        MULTI_WORKER:
+          a task exited with code != 0  -> FAILED(task)
+          every chief/worker exited 0   -> SUCCEEDED  (ps never exit by themselves)
+        PARAMETER_SERVER:             # worker and ps tasks serve until stopped
+          the chief exited 0            -> SUCCEEDED
+          a worker exited != 0, restarted < K times -> restart it alone
+          any other exit with code != 0 -> FAILED(task)
     signal every task still running (SIGTERM, or the forwarded signal)
     wait up to grace_period_s; SIGKILL the rest (a second request: at once)
     reap every task, drain its output, release the network, return JobResult
@@ -58,10 +64,14 @@ from tfdist.launch import job
 from tfdist.launch import output as output_lib
 from tfdist.launch import process as process_lib
 
-__all__ = ["DEFAULT_GRACE_PERIOD_S", "LocalJob"]
+__all__ = ["DEFAULT_GRACE_PERIOD_S", "DEFAULT_WORKER_RESTARTS", "LocalJob"]
 
 #: Seconds a stopped task gets to exit after SIGTERM/SIGINT before SIGKILL.
 DEFAULT_GRACE_PERIOD_S = 5.0
+
+#: How many times a worker of a parameter-server job that exits non-zero is
+#: restarted alone before its exit fails the job.
+DEFAULT_WORKER_RESTARTS = 3
 
 # Longest single wait of the supervision loop. Events wake it at once; the
 # cap only bounds how late a signal delivered to a non-main thread (which
@@ -84,9 +94,20 @@ class LocalJob:
     run them with `python -u` (or set PYTHONUNBUFFERED in `env`) to see lines
     as they are written.
 
-    The job succeeds when every chief/worker task (every task, if there are
-    none) has exited 0; ps and evaluator tasks still running then are
-    stopped. See the module docstring for the state machine.
+    How the job ends depends on its kind (`JobKind`; by default a job with
+    ps tasks is a parameter-server job):
+
+    - multi-worker: it succeeds when every chief/worker task (every task,
+      if there are none) has exited 0; ps and evaluator tasks still running
+      then are stopped. The first task to exit non-zero fails it.
+    - parameter-server: it succeeds when the chief exits 0; the worker and
+      ps tasks, which serve until then, are stopped (not a failure). A
+      worker that exits non-zero or is killed is restarted alone, with the
+      same TF_CONFIG and port (and network), up to `worker_restarts` times,
+      while the chief carries on; any other non-zero exit (the chief, a ps
+      task, the evaluator, a worker past its bound) fails the job.
+
+    See the module docstring for the state machine.
 
     With `isolate` (by default, where the OS allows it), all tasks run in
     one private network namespace: they reach each other at the cluster's
@@ -104,6 +125,9 @@ class LocalJob:
         `dict(os.environ)` to inherit the launcher's.
       rpc_layer: The protocol written into TF_CONFIG.
       grace_period_s: Seconds a stopped task has to exit before SIGKILL.
+      kind: The job's rules; `None` means `JobKind.of(cluster)`.
+      worker_restarts: For a parameter-server job, how many times each
+        worker task may be restarted alone.
       isolate: Whether to run the tasks in a private network namespace:
         True requires it, False runs them on the host's network, and None
         isolates them where the OS allows it, else warns (a
@@ -115,7 +139,8 @@ class LocalJob:
 
     Raises:
       TypeError: If an argument has the wrong type.
-      LauncherError: If `command` is empty.
+      LauncherError: If `command` is empty, `worker_restarts` < 0, or a
+        parameter-server job has no chief.
       ConfigError: If `grace_period_s` is not a positive number.
 
     Example:
@@ -134,6 +159,8 @@ class LocalJob:
         env: Mapping[str, str],
         rpc_layer: str = spec.DEFAULT_RPC_LAYER,
         grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
+        kind: job.JobKind | None = None,
+        worker_restarts: int = DEFAULT_WORKER_RESTARTS,
         isolate: bool | None = None,
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
@@ -163,6 +190,28 @@ class LocalJob:
             argv = job.check_command(command)
             self._commands = tuple(argv for _ in self._configs)
         self._env = dict(env)
+        if kind is not None and not isinstance(kind, job.JobKind):
+            raise TypeError(
+                f"kind must be a JobKind or None; received kind={kind!r} of "
+                f"type {type(kind).__name__}."
+            )
+        self._kind = job.JobKind.of(cluster) if kind is None else kind
+        if (
+            self._kind is job.JobKind.PARAMETER_SERVER
+            and "chief" not in cluster.job_names
+        ):
+            raise errors.LauncherError(
+                "a parameter-server job needs a chief, which runs the "
+                "training script (TensorFlow's ParameterServerStrategy "
+                "coordinates from it); received a cluster of "
+                f"{', '.join(cluster.job_names)}. Add a chief task "
+                "(JobShape(has_chief=True), --chief), or pass "
+                "kind=JobKind.MULTI_WORKER for a job whose workers all run "
+                "the script to its end."
+            )
+        self._worker_restarts = validation.check_non_negative_int(
+            "worker_restarts", worker_restarts, error=errors.LauncherError
+        )
         self._grace_period_s = validation.check_positive_number(
             "grace_period_s", grace_period_s
         )
@@ -258,7 +307,9 @@ class LocalJob:
                     self._env,
                     network=network,
                 )
-            outcome, failed, signal_number = self._supervise(tasks, deadline_s)
+            outcome, failed, signal_number = self._supervise(
+                tasks, deadline_s, output
+            )
             if outcome is not job.JobOutcome.SUCCEEDED or any(
                 t.is_running for t in tasks
             ):
@@ -275,6 +326,7 @@ class LocalJob:
         return job.JobResult(
             outcome=outcome,
             tasks=tuple(t.result() for t in tasks),
+            kind=self._kind,
             failed_task=failed,
             signal_number=signal_number,
             timeout_s=timeout_s,
@@ -286,7 +338,8 @@ class LocalJob:
         self,
         tasks: list[process_lib.TaskProcess],
         deadline_s: float | None,
-    ) -> tuple[job.JobOutcome, spec.TaskSpec | None, int | None]:
+        output: output_lib.TaskOutput,
+    ) -> _Decision:
         primary = [t for t in tasks if job.is_primary(t.task)] or tasks
         while True:
             wait_s = _MAX_WAIT_SLICE_S
@@ -302,10 +355,40 @@ class LocalJob:
                 return job.JobOutcome.INTERRUPTED, None, value
             task = tasks[index]
             task.exit_code = value
-            if value != 0:
+            if self._kind is job.JobKind.PARAMETER_SERVER:
+                decision = self._on_parameter_server_exit(task, output)
+                if decision is not None:
+                    return decision
+            elif value != 0:
                 return job.JobOutcome.FAILED, task.task, None
-            if all(not t.is_running for t in primary):
+            elif all(not t.is_running for t in primary):
                 return job.JobOutcome.SUCCEEDED, None, None
+
+    def _on_parameter_server_exit(
+        self, task: process_lib.TaskProcess, output: output_lib.TaskOutput
+    ) -> _Decision | None:
+        """Applies a parameter-server job's rules to an exit; None: go on."""
+        exit_code = task.exit_code
+        if task.task.task_type == "chief":
+            if exit_code == 0:
+                return job.JobOutcome.SUCCEEDED, None, None
+            return job.JobOutcome.FAILED, task.task, None
+        if exit_code == 0:  # It served and left; the chief decides the rest.
+            return None
+        if (
+            task.task.task_type == "worker"
+            and task.restarts < self._worker_restarts
+        ):
+            how = task.result().describe()
+            output.write_line(
+                "stderr",
+                f"tfdist-launch: task {task.task.name} {how}; restarting it "
+                f"alone ({task.restarts + 1}/{self._worker_restarts}) with "
+                "the same TF_CONFIG and port; the chief carries on.",
+            )
+            task.restart()
+            return None
+        return job.JobOutcome.FAILED, task.task, None
 
     def _stop(
         self, tasks: list[process_lib.TaskProcess], signal_number: int
@@ -341,6 +424,11 @@ class LocalJob:
                 task.was_stopped = task.was_killed = True
 
 
+# What supervision decided: the outcome, the task that failed the job (for
+# FAILED), the signal to forward (for INTERRUPTED).
+_Decision = tuple[job.JobOutcome, spec.TaskSpec | None, int | None]
+
+
 def _find_program(
     config: spec.ClusterConfig, command: Sequence[str], env: Mapping[str, str]
 ) -> str:
@@ -366,13 +454,6 @@ def _kill_and_reap(tasks: Sequence[process_lib.TaskProcess]) -> None:
             task.signal_group(signal.SIGKILL)
     for task in tasks:
         task.reap()
-    # A pump still open after its task exited is held by a process the task
-    # left behind in its group: kill the group, then drain what is left.
     drain_deadline_s = time.monotonic() + _DRAIN_TIMEOUT_S
     for task in tasks:
-        for pump in task.pumps:
-            pump.join(max(0.0, drain_deadline_s - time.monotonic()))
-        if any(pump.is_alive() for pump in task.pumps):
-            task.kill_group()
-            for pump in task.pumps:
-                pump.join(_DRAIN_TIMEOUT_S)
+        task.drain(drain_deadline_s, wait_s=_DRAIN_TIMEOUT_S)

@@ -150,6 +150,8 @@ def run_local_cluster(
             lambda task: [sys.executable, task_main, call_file, tmp, task.name],
             env=task_env,
             grace_period_s=GRACE_PERIOD_S,
+            # fn runs to its end on every chief/worker task, whatever the ps.
+            kind=launch.JobKind.MULTI_WORKER,
             isolate=isolate,
         )
         result = job.run(timeout_s=timeout_s)

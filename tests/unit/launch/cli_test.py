@@ -31,6 +31,7 @@ from tfdist.launch import cli
 
 # Flags for a job with a task of every type: 5 tasks.
 _EVERY_TASK_TYPE = ("--workers", "2", "--ps", "1", "--chief", "--evaluator")
+_EVERY_TASK_NAME = ("chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0")
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
@@ -45,23 +46,21 @@ class LaunchTest(parameterized.TestCase):
             *_EVERY_TASK_TYPE,
             "--",
             *programs.python(
-                programs.PRINT_TF_CONFIG_ALL, programs.make_fifos(self)
+                programs.PRINT_TF_CONFIG_ALL,
+                programs.make_fifos(self, *_EVERY_TASK_NAME),
             ),
         )
 
         self.assertEqual(status, 0, err)
         configs = programs.prefixed_tf_configs(out)
-        self.assertCountEqual(
-            configs,
-            ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"],
-        )
+        self.assertCountEqual(configs, _EVERY_TASK_NAME)
         (cluster,) = {config.cluster for config in configs.values()}
         for name, config in configs.items():
             self.assertIsNotNone(config.task)
             self.assertEqual(config.task.name, name)
         for address in cluster.to_dict()["worker"]:
             self.assertStartsWith(address, "127.0.0.1:")
-        self.assertIn("tfdist-launch: all 3 chief/worker task(s) exited 0", err)
+        self.assertIn("tfdist-launch: the chief exited 0", err)
 
     def test_failing_task_named_with_exit_code_and_others_stopped(self):
         code = (
@@ -124,6 +123,68 @@ class LaunchTest(parameterized.TestCase):
 
         self.assertEqual(status, 2)
         self.assertIn("cannot start task worker:0", err)
+
+
+class ParameterServerLaunchTest(parameterized.TestCase):
+    """`--chief --workers 2 --ps 2`: the chief's exit ends the job."""
+
+    def _cli(
+        self, codes: dict[str, str] | None = None, *flags: str
+    ) -> tuple[int, str]:
+        names = ("chief:0", "worker:0", "worker:1", "ps:0", "ps:1")
+        fifos = programs.make_fifos(self, *names)
+        marker = os.path.join(self.create_tempdir().full_path, "died")
+        code = programs.parameter_server_job(codes)
+        status, _, err = _cli(
+            "--chief", "--workers", "2", "--ps", "2", *flags,
+            "--", *programs.python(code, fifos, marker),
+        )  # fmt: skip
+        return status, err
+
+    def test_chief_exit_0_ends_the_job_with_status_0(self):
+        status, err = self._cli()
+
+        self.assertEqual(status, 0, err)
+        self.assertIn("tfdist-launch: the chief exited 0 in", err)
+        self.assertIn("stopped the 4 task(s) still serving", err)
+
+    def test_dead_worker_is_restarted_alone(self):
+        status, err = self._cli(
+            {
+                "worker:0": programs.die_once(programs.EXIT_1),
+            }
+        )
+
+        self.assertEqual(status, 0, err)
+        self.assertIn("task worker:0 exited with code 1; restarting it", err)
+        self.assertNotIn("restart 1/", err)  # The job was not relaunched.
+
+    def test_no_worker_restarts_fails_the_job_at_the_first_death(self):
+        status, err = self._cli(
+            {
+                "worker:0": programs.die_once(programs.EXIT_1),
+            },
+            "--worker-restarts",
+            "0",
+        )
+
+        self.assertEqual(status, 1)
+        self.assertIn("tfdist-launch: task worker:0 exited with code 1;", err)
+
+    def test_dead_ps_relaunches_the_whole_job_with_restarts(self):
+        status, err = self._cli(
+            {
+                "ps:1": programs.die_once(programs.EXIT_1),
+            },
+            "--restarts",
+            "1",
+        )
+
+        self.assertEqual(status, 0, err)
+        self.assertIn(
+            "tfdist-launch: restart 1/1: task ps:1 exited with code 1", err
+        )
+        self.assertNotIn("restarting it alone", err)
 
 
 class PrintTfConfigTest(parameterized.TestCase):
@@ -259,11 +320,12 @@ class BadArgumentsTest(parameterized.TestCase):
                 "2",
                 "--ps",
                 "1",
+                "--chief",
                 "--print-tf-config",
                 "--hosts",
                 "a:1,b:1",
             ],
-            r"hosts lists 2 address\(es\) but the job has 3 task\(s\)",
+            r"hosts lists 2 address\(es\) but the job has 4 task\(s\)",
         ),
         (
             "bad_host_port",
@@ -312,6 +374,39 @@ class BadArgumentsTest(parameterized.TestCase):
                 "1",
             ],
             r"--restarts 1 does not apply to --print-tf-config",
+        ),
+        (
+            "ps_without_chief",
+            ["--workers", "2", "--ps", "1", "--", "x"],
+            r"--ps 1 makes this a parameter-server job, .* Add --chief",
+        ),
+        (
+            "worker_restarts_without_ps",
+            ["--workers", "2", "--worker-restarts", "2", "--", "x"],
+            r"--worker-restarts 2 only applies to parameter-server jobs",
+        ),
+        (
+            "worker_restarts_with_emit",
+            [
+                "--workers",
+                "1",
+                "--ps",
+                "1",
+                "--chief",
+                "--worker-restarts",
+                "1",
+                "--emit",
+                "tfjob",
+                "--",
+                "x",
+            ],
+            r"--worker-restarts 1 does not apply to --print-tf-config or "
+            r"--emit tfjob",
+        ),
+        (
+            "negative_worker_restarts",
+            ["--workers", "1", "--worker-restarts", "-1", "--", "x"],
+            r"expected an integer >= 0, received --worker-restarts '-1'",
         ),
         (
             "no_isolate_with_emit",
@@ -370,6 +465,10 @@ class BadArgumentsTest(parameterized.TestCase):
         self.assertIn("usage: tfdist-launch --workers N", out)
         self.assertIn("--print-tf-config", out)
         self.assertIn("--no-isolate", out)
+        self.assertIn("--worker-restarts K", out)
+        self.assertIn(
+            "parameter-server jobs (--ps M, which needs --chief)", out
+        )
         self.assertIn("one private network namespace", out)
 
 

@@ -51,6 +51,28 @@ class JobShapeTest(parameterized.TestCase):
         with self.assertRaisesRegex(TypeError, pattern):
             job.JobShape(**kwargs)
 
+    @parameterized.named_parameters(
+        ("workers_only", {}, job.JobKind.MULTI_WORKER),
+        (
+            "chief_and_evaluator",
+            {"has_chief": True, "has_evaluator": True},
+            job.JobKind.MULTI_WORKER,
+        ),
+        ("ps", {"num_ps": 1, "has_chief": True}, job.JobKind.PARAMETER_SERVER),
+    )
+    def test_kind_is_parameter_server_exactly_with_ps_tasks(self, kwargs, kind):
+        shape = job.JobShape(2, **kwargs)
+
+        self.assertEqual(shape.kind, kind)
+        self.assertEqual(
+            job.JobKind.of(
+                shape.cluster_spec(
+                    [f"h:{p}" for p in range(1, 9)][: shape.num_tasks]
+                )
+            ),
+            kind,
+        )
+
     def test_counts_beyond_workers_are_keyword_only(self):
         with self.assertRaises(TypeError):
             job.JobShape(2, 1)  # type: ignore[misc]

@@ -18,40 +18,23 @@ from tfdist import errors
 from tfdist.cluster import spec
 from tfdist.cluster import tf_config
 from tfdist.launch import job
-from tfdist.launch import local_cluster
 from tfdist.launch import supervisor
 
 # Short grace period so that tests of SIGKILL escalation stay fast.
 _SHORT_GRACE_S = 0.5
 
 
-def _cluster(num_workers: int, **kwargs) -> spec.ClusterSpec:
-    return local_cluster.make_local_cluster(job.JobShape(num_workers, **kwargs))
-
-
-def _run(
-    cluster: spec.ClusterSpec,
-    command: list[str],
-    *,
-    timeout_s: float | None = programs.JOB_BOUND_S,
-    **kwargs,
-) -> tuple[job.JobResult, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    local_job = supervisor.LocalJob(
-        cluster, command, env=dict(os.environ), stdout=out, stderr=err, **kwargs
-    )
-    result = local_job.run(timeout_s=timeout_s)
-    return result, out.getvalue(), err.getvalue()
-
-
 class LocalJobOutputTest(parameterized.TestCase):
     def test_each_task_gets_its_own_tf_config_with_prefix(self):
-        cluster = _cluster(2, num_ps=1, has_chief=True, has_evaluator=True)
+        cluster = programs.local_cluster(
+            2, num_ps=1, has_chief=True, has_evaluator=True
+        )
 
-        result, out, _ = _run(
+        result, out, _ = programs.run_job(
             cluster,
             programs.python(
-                programs.PRINT_TF_CONFIG_ALL, programs.make_fifos(self)
+                programs.PRINT_TF_CONFIG_ALL,
+                programs.fifos_for_every_task(self, cluster),
             ),
         )
 
@@ -67,7 +50,9 @@ class LocalJobOutputTest(parameterized.TestCase):
     def test_stderr_lines_go_to_stderr_with_prefix(self):
         code = "import sys; sys.stderr.write('oops\\npartial')"
 
-        _, out, err = _run(_cluster(1), programs.python(code))
+        _, out, err = programs.run_job(
+            programs.local_cluster(1), programs.python(code)
+        )
 
         self.assertEqual(out, "")
         self.assertEqual(err, "[worker:0] oops\n[worker:0] partial\n")
@@ -84,7 +69,9 @@ class LocalJobOutputTest(parameterized.TestCase):
             "    os.write(1, ('x' * 50 + '\\n').encode())\n"
         )
 
-        result, out, _ = _run(_cluster(3), programs.python(code))
+        result, out, _ = programs.run_job(
+            programs.local_cluster(3), programs.python(code)
+        )
 
         self.assertTrue(result.succeeded)
         lines = out.splitlines()
@@ -99,7 +86,7 @@ class LocalJobOutputTest(parameterized.TestCase):
         code = "import json, os; print(json.dumps(sorted(os.environ)))"
         out = io.StringIO()
         local_job = supervisor.LocalJob(
-            _cluster(1),
+            programs.local_cluster(1),
             programs.python(code),
             env={"PATH": os.defpath, "ONLY_THIS": "1"},
             stdout=out,
@@ -116,7 +103,7 @@ class LocalJobOutputTest(parameterized.TestCase):
     def test_command_function_gives_each_task_its_command(self):
         out = io.StringIO()
         local_job = supervisor.LocalJob(
-            _cluster(2),
+            programs.local_cluster(2),
             lambda task: programs.python(
                 "import sys; print(sys.argv[1])", task.name
             ),
@@ -138,8 +125,8 @@ class LocalJobSupervisionTest(parameterized.TestCase):
             {"worker:1": "raise SystemExit(3)", "*": programs.BLOCK_FOREVER}
         )
 
-        result, _, _ = _run(
-            _cluster(2, has_evaluator=True), programs.python(code)
+        result, _, _ = programs.run_job(
+            programs.local_cluster(2, has_evaluator=True), programs.python(code)
         )
 
         self.assertEqual(result.outcome, job.JobOutcome.FAILED)
@@ -171,8 +158,8 @@ class LocalJobSupervisionTest(parameterized.TestCase):
             }
         )
 
-        result, _, _ = _run(
-            _cluster(2),
+        result, _, _ = programs.run_job(
+            programs.local_cluster(2),
             programs.python(code, fifo),
             grace_period_s=_SHORT_GRACE_S,
         )
@@ -182,16 +169,24 @@ class LocalJobSupervisionTest(parameterized.TestCase):
         self.assertEqual(stubborn.exit_code, -signal.SIGKILL)
         self.assertIn("worker:0 ignored it and was killed", result.describe())
 
-    def test_ps_and_evaluator_are_stopped_once_workers_succeed(self):
+    def test_multi_worker_rules_stop_ps_and_evaluator_once_workers_succeed(
+        self,
+    ):
+        # As run_local_cluster runs a job with ps tasks: fn runs to its end
+        # on the chief and every worker.
         code = programs.by_task(
             {
                 "ps": programs.BLOCK_FOREVER,
                 "evaluator": programs.BLOCK_FOREVER,
             }
         )
-        cluster = _cluster(2, num_ps=1, has_chief=True, has_evaluator=True)
+        cluster = programs.local_cluster(
+            2, num_ps=1, has_chief=True, has_evaluator=True
+        )
 
-        result, _, _ = _run(cluster, programs.python(code))
+        result, _, _ = programs.run_job(
+            cluster, programs.python(code), kind=job.JobKind.MULTI_WORKER
+        )
 
         self.assertEqual(result.outcome, job.JobOutcome.SUCCEEDED)
         self.assertEqual(result.exit_status, 0)
@@ -203,8 +198,8 @@ class LocalJobSupervisionTest(parameterized.TestCase):
             self.assertEqual(result.task_result(name).exit_code, 0)
 
     def test_timeout_stops_every_task_and_names_the_timeout(self):
-        result, _, _ = _run(
-            _cluster(2),
+        result, _, _ = programs.run_job(
+            programs.local_cluster(2),
             programs.python(programs.BLOCK_FOREVER),
             timeout_s=0.5,
         )
@@ -226,7 +221,7 @@ class LocalJobSupervisionTest(parameterized.TestCase):
     ):
         out = programs.ReadySink("ready", count=2)
         local_job = supervisor.LocalJob(
-            _cluster(2),
+            programs.local_cluster(2),
             programs.python(programs.READY_THEN_BLOCK),
             env=dict(os.environ),
             stdout=out,
@@ -258,7 +253,7 @@ class LocalJobSupervisionTest(parameterized.TestCase):
         # The shell exits at once; its background child holds the pipe.
         command = ["/bin/sh", "-c", "sleep 600 & echo $!"]
 
-        result, out, _ = _run(_cluster(1), command)
+        result, out, _ = programs.run_job(programs.local_cluster(1), command)
 
         self.assertTrue(result.succeeded)
         pid = int(out.split()[1])
@@ -277,7 +272,7 @@ class LocalJobSupervisionTest(parameterized.TestCase):
 
     def test_missing_program_raises_launcher_error(self):
         local_job = supervisor.LocalJob(
-            _cluster(2),
+            programs.local_cluster(2),
             ["/nonexistent/tfdist-test-program"],
             env=dict(os.environ),
         )
@@ -289,7 +284,9 @@ class LocalJobSupervisionTest(parameterized.TestCase):
 
     def test_run_twice_raises_runtime_error(self):
         local_job = supervisor.LocalJob(
-            _cluster(1), programs.python("pass"), env=dict(os.environ)
+            programs.local_cluster(1),
+            programs.python("pass"),
+            env=dict(os.environ),
         )
         local_job.run(timeout_s=programs.JOB_BOUND_S)
 
@@ -302,7 +299,7 @@ class LocalJobSupervisionTest(parameterized.TestCase):
     )
     def test_bad_command_raises(self, command, error, pattern):
         with self.assertRaisesRegex(error, pattern):
-            supervisor.LocalJob(_cluster(1), command, env={})
+            supervisor.LocalJob(programs.local_cluster(1), command, env={})
 
 
 if __name__ == "__main__":
