@@ -45,15 +45,19 @@ IFREQ_FORMAT = "16sH22x"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _call(function: str, *args: int) -> None:
+def _call(what: str, function: str, *args: int) -> None:
+    """Calls libc's `function(*args)`; OSError "<what>: <strerror>" if < 0."""
     if getattr(_libc, function)(*args) != 0:
         code = ctypes.get_errno()
-        raise OSError(code, f"{function}() failed: {os.strerror(code)}")
+        raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
 def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise OSError(e.errno, f"writing {path}: {e.strerror}") from e
 
 
 def _bring_loopback_up() -> None:
@@ -71,19 +75,23 @@ def create() -> int:
     """Creates the namespace(s), reports them, waits for EOF on stdin."""
     try:
         try:
-            _call("unshare", CLONE_NEWNET)
+            _call("unshare(CLONE_NEWNET)", "unshare", CLONE_NEWNET)
             kinds = "net"
         except OSError as e:
             if e.errno != errno.EPERM:
                 raise
             uid, gid = os.geteuid(), os.getegid()
-            _call("unshare", CLONE_NEWUSER | CLONE_NEWNET)
+            _call(
+                "unshare(CLONE_NEWUSER | CLONE_NEWNET)",
+                "unshare",
+                CLONE_NEWUSER | CLONE_NEWNET,
+            )
             _write("/proc/self/setgroups", "deny")
             _write("/proc/self/uid_map", f"{uid} {uid} 1")
             _write("/proc/self/gid_map", f"{gid} {gid} 1")
             kinds = "user+net"
         _bring_loopback_up()
-    except OSError as e:
+    except OSError as e:  # e.strerror says what failed and why.
         print(f"error: {e.strerror or e}", flush=True)
         return 1
     print(f"ready {kinds}", flush=True)
@@ -95,9 +103,9 @@ def enter(net_fd: int, user_fd: int, program: str, argv: list[str]) -> int:
     """Joins the namespaces and execs `program`; returns only on failure."""
     try:
         if user_fd >= 0:
-            _call("setns", user_fd, CLONE_NEWUSER)
+            _call("setns(CLONE_NEWUSER)", "setns", user_fd, CLONE_NEWUSER)
             os.close(user_fd)
-        _call("setns", net_fd, CLONE_NEWNET)
+        _call("setns(CLONE_NEWNET)", "setns", net_fd, CLONE_NEWNET)
         os.close(net_fd)
     except OSError as e:
         sys.stderr.write(

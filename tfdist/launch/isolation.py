@@ -103,8 +103,8 @@ class PrivateNetwork:
                     f"no answer in {_CREATE_TIMEOUT_S:g} s"
                 )
                 raise errors.LauncherError(
-                    "cannot create a private network namespace for the job: "
-                    f"unshare(CLONE_NEWNET) failed ({problem}). Expected "
+                    "cannot create a private network namespace for the job "
+                    f"({problem}). Expected "
                     "Linux with CAP_SYS_ADMIN or unprivileged user "
                     "namespaces (a container may need --cap-add SYS_ADMIN, "
                     "or user namespaces enabled); or run the job with "
