@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist import launch  # noqa: F401 - run as `python -m tfdist.launch`; Bazel ships it
+from tfdist import launch  # Also run as `python -m tfdist.launch`.
 from tests.integration import fault_script
 from tfdist import errors
 
@@ -69,7 +69,7 @@ def _weights(path: str) -> list[np.ndarray]:
 def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
     """Runs both workers in `mode`; returns worker 0's record and the fault time."""
     out_dir = test.create_tempdir().full_path
-    addresses = list(tfdist.cluster.make_local_cluster(2).addresses("worker"))
+    addresses = list(launch.make_local_cluster(launch.JobShape(2)).addresses("worker"))
     procs = [
         subprocess.Popen(
             [sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
@@ -253,7 +253,7 @@ class RestartTest(tf.test.TestCase):
 
 class StartUpTest(tf.test.TestCase):
     def test_worker_never_started_raises_naming_it_within_timeout(self):
-        addresses = list(tfdist.cluster.make_local_cluster(2).addresses("worker"))
+        addresses = list(launch.make_local_cluster(launch.JobShape(2)).addresses("worker"))
         code = (
             "import time, tfdist\n"
             "start = time.time()\n"

@@ -64,13 +64,13 @@ build_gen = _load_build_gen(ROOT)
 
 #: Layer of each group; a module may import modules of its own group or of a
 #: strictly lower layer. A group is a subpackage (`cluster`), a top-level
-#: module (`launch` for tfdist/launch.py) or `__init__` (tfdist/__init__.py).
+#: module (`devices` for tfdist/devices.py) or `__init__` (tfdist/__init__.py).
 LAYERS: dict[str, int] = {
     "errors": 0,
     "_internal": 1,  # "may be imported by any tfdist module".
     "cluster": 2,
     "placement": 2,
-    "launch": 2,  # tfdist/launch.py, the local launcher: sits with cluster.
+    "launch": 2,  # The local launcher: runs clusters, sits with cluster.
     "collectives": 3,
     "data": 3,
     "watchdog": 3,  # Bounded waits of multi-task jobs: cluster + _internal.
@@ -85,7 +85,7 @@ LAYERS: dict[str, int] = {
 TOP_LEVEL_MODULE_LAYER = 3
 
 #: (importer group, imported group) pairs allowed within one layer.
-#: tfdist/launch.py imports only errors, _internal and cluster.
+#: tfdist/launch/ imports only errors, _internal and cluster.
 SAME_LAYER_IMPORTS = frozenset({("launch", "cluster")})
 
 #: Files (or directories, ending in "/") that must import without TensorFlow,
@@ -95,6 +95,7 @@ NO_TENSORFLOW = (
     "tfdist/cluster/tf_config.py",
     "tfdist/placement/",
     "tfdist/errors.py",  # DESIGN.md: the errors layer imports no TensorFlow.
+    "tfdist/launch/",  # `tfdist-launch --help` must not wait for TensorFlow.
 )
 
 #: Third-party modules that count as "TensorFlow" for NO_TENSORFLOW.
