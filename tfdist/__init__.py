@@ -50,12 +50,14 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist.devices import simulate_cpu_devices
     from tfdist.strategies import MirroredStrategy
     from tfdist.strategies import MultiWorkerMirroredStrategy
+    from tfdist.strategies import ParameterServerStrategy
 
 __all__ = [
     "AllReduce",
     "AutoAllReduce",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
     "ReduceToOneAllReduce",
     "RingAllReduce",
     "TreeAllReduce",
@@ -87,6 +89,7 @@ _ATTRIBUTE_MODULES = {
     "simulate_cpu_devices": "tfdist.devices",
     "MirroredStrategy": "tfdist.strategies",
     "MultiWorkerMirroredStrategy": "tfdist.strategies",
+    "ParameterServerStrategy": "tfdist.strategies",
 }
 
 

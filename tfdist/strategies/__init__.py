@@ -4,5 +4,10 @@ from __future__ import annotations
 
 from tfdist.strategies.mirrored import MirroredStrategy
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
+from tfdist.strategies.parameter_server import ParameterServerStrategy
 
-__all__ = ["MirroredStrategy", "MultiWorkerMirroredStrategy"]
+__all__ = [
+    "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
+]
