@@ -112,6 +112,7 @@ class StepScheduler:
         self._last_progress_s = time.monotonic()
         self.reruns = 0
         self.completed = 0
+        self.executions_by_worker: collections.Counter[int] = collections.Counter()
         self._lost: str | None = None
         self._lost_reason = ""
         self._probe_stop = threading.Event()
@@ -165,6 +166,8 @@ class StepScheduler:
         finally:
             with self._lock:
                 step.started_s = None
+        with self._lock:
+            self.executions_by_worker[step.worker] += 1
         step.done.set()
         return result
 

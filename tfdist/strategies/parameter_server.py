@@ -227,6 +227,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         return self._coordinator
 
     @property
+    def executions_by_worker(self) -> dict[int, int]:
+        """Scheduled functions (each `steps_per_execution` steps) each worker finished."""
+        return dict(self._scheduler.executions_by_worker)
+
+    @property
     def steps_rerun(self) -> int:
         """How many steps ran again after their worker failed (since construction)."""
         return self._scheduler.reruns
