@@ -52,6 +52,7 @@ __all__ = [
     "install_functions",
     "is_keras3_model",
     "make_counters_exact",
+    "sharded_keras3_variables",
     "steps_per_execution",
 ]
 
@@ -232,6 +233,24 @@ def make_counters_exact(variables: Iterable[Any]) -> int:
         object.__setattr__(variable, "assign_sub", _exact_assign(variable, keras_sub, -1))
         changed += 1
     return changed
+
+
+def sharded_keras3_variables(variables: Iterable[Any], sharded_type: type) -> list[str]:
+    """Paths of the Keras 3 variables whose `tf.Variable` is split (`sharded_type`).
+
+    Keras 3 cannot train them: its `train_step` asks the gradient tape for
+    the gradient of each variable's single `handle`, which a TF
+    `ShardedVariable` does not have.
+    """
+    common = sys.modules.get("keras.src.backend.common.variables")
+    if common is None:
+        return []
+    return [
+        str(getattr(variable, "path", variable.name))
+        for variable in variables
+        if isinstance(variable, common.Variable)
+        and isinstance(getattr(variable, "_value", None), sharded_type)
+    ]
 
 
 def steps_per_execution(model: Any) -> int:

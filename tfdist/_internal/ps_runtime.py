@@ -24,6 +24,7 @@ Private TF API used (tested range: see setup.py):
   `_cluster.closure_queue.wait` (`join` with a timeout) and its
   `_error` (the pending error of a scheduled function);
 - `cluster_coordinator.PSUnavailableError`: TF's error for a lost ps;
+- `sharded_variable.ShardedVariable`: the class of a partitioned variable;
 - `coordinator_context.get_current_dispatch_context`: which worker's
   thread runs the current closure (TF's public accessor works only while
   tracing).
@@ -36,6 +37,7 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute import parameter_server_strategy_v2 as _ps_v2
+from tensorflow.python.distribute import sharded_variable as _sharded_variable
 from tensorflow.python.distribute.coordinator import (
     cluster_coordinator as _cluster_coordinator,
 )
@@ -48,6 +50,7 @@ from tfdist._internal import update_hook
 __all__ = [
     "PSUnavailableError",
     "ParameterServerExtended",
+    "ShardedVariable",
     "current_worker_index",
     "initialize_strategy",
     "pending_error",
@@ -56,6 +59,8 @@ __all__ = [
     "wait_idle",
 ]
 
+#: TF's variable split over ps tasks (what a `variable_partitioner` makes).
+ShardedVariable = _sharded_variable.ShardedVariable
 #: TF's error for a ps task that became unreachable (a `tf.errors.UnavailableError`).
 PSUnavailableError = _cluster_coordinator.PSUnavailableError
 

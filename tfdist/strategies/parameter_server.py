@@ -83,6 +83,25 @@ def _check_mode(mode: object) -> str:
     return str(mode)
 
 
+def _check_implemented(mode: str, max_staleness: int | None) -> None:
+    """Refuses the valid settings this version does not run yet (issue 13)."""
+    if mode == "sync":
+        raise errors.ConfigError(
+            "mode='sync' (all workers' gradients of a step summed and applied "
+            "once) is not implemented yet in tfdist.ParameterServerStrategy; "
+            f"received mode={mode!r}. Use mode='async' (the default), or "
+            "tfdist.MultiWorkerMirroredStrategy for synchronous training."
+        )
+    if max_staleness is not None:
+        raise errors.ConfigError(
+            "bounded staleness is not implemented yet in "
+            f"tfdist.ParameterServerStrategy; received max_staleness="
+            f"{max_staleness!r}. Drop max_staleness (plain asynchronous "
+            "training: each update applied as it arrives, unbounded "
+            "staleness)."
+        )
+
+
 class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     """Parameter-server training of a Keras model, through its unchanged `fit`.
 
@@ -116,21 +135,28 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         read the `TF_CONFIG` environment variable.
       cluster_resolver: TF's keyword for `cluster`.
       mode: "async" (default: each worker's update is applied when it
-        arrives) or "sync" (every step's gradients from all workers are
-        summed and applied once: one device with the same global batch).
-      max_staleness: With `mode="async"`, an int k >= 0: no update is
-        applied to parameters more than k versions newer than those its
-        gradient was computed from. `None`: unbounded.
+        arrives). "sync" (every step's gradients from all workers summed
+        and applied once) is reserved and not implemented yet: it raises
+        `ConfigError`.
+      max_staleness: Reserved for bounded staleness (`mode="async"`, an
+        int k >= 0); not implemented yet: any value but `None` raises
+        `ConfigError` (after the checks of its range).
       variable_partitioner: How variables are split over the ps tasks: a
-        TF partitioner (`tf.distribute.experimental.partitioners`) or
-        `None` for tfdist's default.
+        TF partitioner (`tf.distribute.experimental.partitioners`), whose
+        shards tf-keras trains (Keras 3 cannot: its `fit` then raises
+        `ConfigError` naming the split variables), or `None`: each
+        variable whole on one ps task, round robin.
       timeout_s: Bound on start-up and on one step, seconds (> 0);
         default `DEFAULT_TIMEOUT_S` (300).
 
     Raises:
       ConfigError: For an unknown `mode`, a negative or misplaced
-        `max_staleness`, a non-positive `timeout_s`, the evaluator task, or
+        `max_staleness`, `mode="sync"` or any `max_staleness` (not
+        implemented yet), a non-positive `timeout_s`, the evaluator task, or
         `cluster` and `cluster_resolver` both given.
+      ConfigError (at Keras 3's `fit`/`evaluate`/`predict`, before any
+        step): If `variable_partitioner` split one of the model's
+        variables.
       ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, has no
         chief, worker or ps job, or this task's address is in use.
       WorkerUnavailableError: If a worker or ps task does not start within
@@ -158,6 +184,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         # Any (variable_partitioner): a TF partitioner is any callable.
         mode = _check_mode(mode)
         staleness = _check_max_staleness(mode, max_staleness)
+        _check_implemented(mode, staleness)
         timeout = validation.check_positive_number(
             "timeout_s", DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         )
@@ -189,6 +216,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
                 config, timeout, e, jobs=roles.SERVING_TASK_TYPES
             ) from e
         self._cluster_config = config
+        self._variable_partitioner = variable_partitioner
         self._mode = mode
         self._max_staleness = staleness
         self._timeout_s = timeout
@@ -270,6 +298,21 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         owner = keras_ps.installed_owner(model)
         if isinstance(owner, keras_loop.KerasLoop):
             return owner
+        sharded = keras_ps.sharded_keras3_variables(
+            model.weights, ps_runtime.ShardedVariable
+        )
+        if sharded:
+            raise errors.ConfigError(
+                "Keras 3 cannot train variables split over ps tasks (its "
+                "train step needs one handle per variable; tfdist does not "
+                "shard Keras 3 variables yet); received "
+                f"variable_partitioner={self._variable_partitioner!r}, which "
+                f"split {len(sharded)} variable(s): {', '.join(sharded[:5])}. "
+                "Pass variable_partitioner=None (each variable whole on one ps "
+                "task, round robin), a partitioner whose threshold these "
+                "variables stay under, or run tf-keras (TF_USE_LEGACY_KERAS=1), "
+                "which trains sharded variables."
+            )
         return keras_loop.KerasLoop(
             self, model, self._runner, exact_counters=self._make_counters_exact
         )
