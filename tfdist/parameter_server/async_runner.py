@@ -83,9 +83,16 @@ class AsyncRunner:
         # Keras 3 compiles its step without autograph; tf-keras with it.
         return tf.function(steps, autograph=not keras3)
 
-    def submit(self, function: Callable[[Any], Any], batches: tuple[Any, ...]) -> Any:
+    def submit(
+        self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
+    ) -> Any:
         with self._strategy.scope():
-            return self._scheduler.schedule(function, (batches,))
+            return self._scheduler.schedule(
+                function,
+                (batches,),
+                num_steps=len(batches),
+                steps_per_function=steps_per_function,
+            )
 
     def result(self, handle: Any) -> Any:
         return self._scheduler.result(handle)

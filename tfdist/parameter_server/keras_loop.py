@@ -63,8 +63,14 @@ class StepRunner(Protocol):
     def compile(self, kind: str, model: Any, keras3: bool) -> Callable[[Any], Any]:
         """The traced function running `kind` steps of `model` on a tuple of batches."""
 
-    def submit(self, function: Callable[[Any], Any], batches: tuple[Any, ...]) -> Any:
-        """Starts `function(batches)`; returns a handle for `result`."""
+    def submit(
+        self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
+    ) -> Any:
+        """Starts `function(batches)`; returns a handle for `result`.
+
+        `steps_per_function`: the most batches any function of this loop
+        takes (Keras's `steps_per_execution`).
+        """
 
     def result(self, handle: Any) -> Any:
         """Waits for a handle; its outputs (eager tensors on the chief)."""
@@ -268,7 +274,7 @@ class KerasLoop:
         synchronous = not isinstance(iterator, ChiefIterator) or iterator.synchronous
         count = keras_ps.steps_per_execution(self._model)
         batches = _pull(iterator, count)
-        handle = self._runner.submit(self._function(kind, batches), batches)
+        handle = self._runner.submit(self._function(kind, batches), batches, count)
         finished = self._runner.finished()
         now = time.monotonic()
         if synchronous or self._logs is None:
@@ -281,11 +287,14 @@ class KerasLoop:
         return self._logs
 
     def _predict(self, data: Any) -> Any:
+        count = keras_ps.steps_per_execution(self._model)
         if isinstance(data, ChiefIterator):  # tf-keras: the iterator.
-            batches = _pull(data, keras_ps.steps_per_execution(self._model))
+            batches = _pull(data, count)
         else:  # Keras 3: a list of batches it pulled itself.
             batches = tuple(data)
-        handle = self._runner.submit(self._function("predict", batches), batches)
+        handle = self._runner.submit(
+            self._function("predict", batches), batches, max(count, len(batches))
+        )
         outputs = self._runner.result(handle)
         self._runner.finished()
         return outputs

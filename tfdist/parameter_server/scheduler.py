@@ -8,9 +8,11 @@ compiled step (on that worker: the coordinator runs it under the
 worker's device scope), and marks the step done. The chief's waits then
 never block inside TF without a bound:
 
-    schedule(step):  while the window (max_in_flight) is full:
+    schedule(step):  while the window is full:
                          wait(oldest)
                      queue closure(step)
+    window:          max_in_flight; with max_staleness=k and up to s steps
+                     per function, at most floor(k / 2s) + 1 (see below)
     wait(step):      until step is done:
                          sleep on the step's event, at most poll_s
                          a scheduled function failed?  -> raise it (a lost
@@ -21,6 +23,18 @@ never block inside TF without a bound:
                          no step ran for > timeout_s?  -> CollectiveTimeoutError
                                                           naming the lost workers
     wait_all():      wait(every step in flight)      # the epoch barrier
+
+Bounded staleness (`max_staleness=k`): a function is scheduled only when
+every function scheduled `w` or more before it has finished (the window
+above, `w = staleness_window(k, s)`). A function then runs at the same
+time as at most `2(w - 1)` others (the `w - 1` before it and the `w - 1`
+after it), each of at most `s` steps, so at most `2(w - 1)s <= k` updates
+land between a step's reads of the parameters and its own update (steps
+inside one function run one after another). Instrumented:
+`largest_staleness_seen` is, over all steps, the largest number of steps
+of other functions that ran at the same time (a step starts on the chief
+before its worker reads the parameters and ends after its updates are
+applied, so this bounds the true staleness from above).
 
 A worker that dies mid-step is TF's to handle: its step is queued again,
 with the same arguments (the same batch), and runs on another worker;
@@ -47,7 +61,7 @@ from tfdist._internal import ps_runtime
 from tfdist.cluster import ClusterConfig
 from tfdist.watchdog import startup
 
-__all__ = ["Step", "StepScheduler"]
+__all__ = ["Step", "StepScheduler", "staleness_window"]
 
 #: Longest single sleep of a wait, seconds (how late an error is noticed).
 _POLL_S = 0.05
@@ -57,6 +71,19 @@ _PROBE_INTERVAL_S = 1.0
 _PROBE_FAILURES = 2
 
 _PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
+
+
+def staleness_window(max_staleness: int | None, steps_per_function: int, max_in_flight: int) -> int:
+    """Functions in flight at most, so that no update is more than `max_staleness` steps stale.
+
+    Args:
+      max_staleness: k >= 0, or None (unbounded: `max_in_flight`).
+      steps_per_function: The most steps one scheduled function runs (>= 1).
+      max_in_flight: The window without a staleness bound (>= 1).
+    """
+    if max_staleness is None:
+        return max_in_flight
+    return max(1, min(max_in_flight, max_staleness // (2 * steps_per_function) + 1))
 
 
 @dataclasses.dataclass(eq=False)
@@ -71,10 +98,15 @@ class Step:
       attempts: How many times a worker started it (> 1: re-run after a
         worker failure).
       done: Set when an attempt finished without error.
+      num_steps: Steps (batches) the function runs, one after another.
+      overlap_steps: Steps of other functions that ran while this one
+        ran (an upper bound on its staleness).
     """
 
     index: int
     scheduled_s: float
+    num_steps: int = 1
+    overlap_steps: int = 0
     remote: Any = None
     worker: int | None = None
     started_s: float | None = None
@@ -90,6 +122,7 @@ class StepScheduler:
       config: The cluster (for naming and probing tasks).
       timeout_s: Bound on one step, and on a stretch with no step finishing.
       max_in_flight: Steps queued or running at most (back-pressure).
+      max_staleness: The staleness bound k (steps), or None for none.
     """
 
     def __init__(
@@ -99,16 +132,20 @@ class StepScheduler:
         *,
         timeout_s: float,
         max_in_flight: int,
+        max_staleness: int | None = None,
     ) -> None:
         assert config.cluster is not None
         self._coordinator = coordinator
         self._config = config
         self._timeout_s = timeout_s
         self._max_in_flight = max_in_flight
+        self._max_staleness = max_staleness
+        self.largest_staleness_seen = 0
         self._in_flight: collections.deque[Step] = collections.deque()
         self._finished: list[Step] = []
         self._count = 0
         self._lock = threading.Lock()
+        self._running: set[Step] = set()
         self._last_progress_s = time.monotonic()
         self.reruns = 0
         self.completed = 0
@@ -129,16 +166,28 @@ class StepScheduler:
         """Stops probing the ps tasks."""
         self._probe_stop.set()
 
-    def schedule(self, function: Callable[..., Any], args: Sequence[Any]) -> Step:
+    def schedule(
+        self,
+        function: Callable[..., Any],
+        args: Sequence[Any],
+        *,
+        num_steps: int = 1,
+        steps_per_function: int = 1,
+    ) -> Step:
         """Queues `function(*args)` for the next free worker; returns its `Step`.
 
         `function` is a compiled step (a `ConcreteFunction`, traced on this
-        thread). Blocks while `max_in_flight` steps are in flight, waiting
-        for the oldest (bounded as `wait`).
+        thread) running `num_steps` steps; `steps_per_function` is the most
+        any function of this loop runs (Keras's `steps_per_execution`).
+        Blocks while the window (`staleness_window`) is full, waiting for
+        the oldest (bounded as `wait`).
         """
-        while len(self._in_flight) >= self._max_in_flight:
+        window = staleness_window(
+            self._max_staleness, max(steps_per_function, num_steps), self._max_in_flight
+        )
+        while len(self._in_flight) >= window:
             self.wait(self._in_flight[0])
-        step = Step(index=self._count, scheduled_s=time.monotonic())
+        step = Step(index=self._count, scheduled_s=time.monotonic(), num_steps=num_steps)
         self._count += 1
         step.remote = ps_runtime.schedule_python(
             self._coordinator, self._run, (step, function, tuple(args))
@@ -160,14 +209,20 @@ class StepScheduler:
                     step.worker,
                     step.attempts,
                 )
+            for other in self._running:
+                other.overlap_steps += step.num_steps
+                step.overlap_steps += other.num_steps
+            self._running.add(step)
             step.started_s = time.monotonic()
         try:
             result = function(*args)
         finally:
             with self._lock:
                 step.started_s = None
+                self._running.discard(step)
         with self._lock:
             self.executions_by_worker[step.worker] += 1
+            self.largest_staleness_seen = max(self.largest_staleness_seen, step.overlap_steps)
         step.done.set()
         return result
 

@@ -83,7 +83,7 @@ def _check_mode(mode: object) -> str:
     return str(mode)
 
 
-def _check_implemented(mode: str, max_staleness: int | None) -> None:
+def _check_implemented(mode: str) -> None:
     """Refuses the valid settings this version does not run yet (issue 13)."""
     if mode == "sync":
         raise errors.ConfigError(
@@ -91,14 +91,6 @@ def _check_implemented(mode: str, max_staleness: int | None) -> None:
             "once) is not implemented yet in tfdist.ParameterServerStrategy; "
             f"received mode={mode!r}. Use mode='async' (the default), or "
             "tfdist.MultiWorkerMirroredStrategy for synchronous training."
-        )
-    if max_staleness is not None:
-        raise errors.ConfigError(
-            "bounded staleness is not implemented yet in "
-            f"tfdist.ParameterServerStrategy; received max_staleness="
-            f"{max_staleness!r}. Drop max_staleness (plain asynchronous "
-            "training: each update applied as it arrives, unbounded "
-            "staleness)."
         )
 
 
@@ -138,9 +130,12 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         arrives). "sync" (every step's gradients from all workers summed
         and applied once) is reserved and not implemented yet: it raises
         `ConfigError`.
-      max_staleness: Reserved for bounded staleness (`mode="async"`, an
-        int k >= 0); not implemented yet: any value but `None` raises
-        `ConfigError` (after the checks of its range).
+      max_staleness: With `mode="async"`, an int k >= 0: no update is
+        applied to parameters more than k steps newer than those its
+        gradient was computed from (fewer steps run at once: at most
+        floor(k / (2 * steps_per_execution)) + 1 functions in flight; 0
+        runs one step at a time). `None`: unbounded.
+        `largest_staleness_seen` reports the bound measured.
       variable_partitioner: How variables are split over the ps tasks: a
         TF partitioner (`tf.distribute.experimental.partitioners`), whose
         shards tf-keras trains (Keras 3 cannot: its `fit` then raises
@@ -151,8 +146,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
     Raises:
       ConfigError: For an unknown `mode`, a negative or misplaced
-        `max_staleness`, `mode="sync"` or any `max_staleness` (not
-        implemented yet), a non-positive `timeout_s`, the evaluator task, or
+        `max_staleness`, `mode="sync"` (not implemented yet), a non-positive `timeout_s`, the evaluator task, or
         `cluster` and `cluster_resolver` both given.
       ConfigError (at Keras 3's `fit`/`evaluate`/`predict`, before any
         step): If `variable_partitioner` split one of the model's
@@ -184,7 +178,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         # Any (variable_partitioner): a TF partitioner is any callable.
         mode = _check_mode(mode)
         staleness = _check_max_staleness(mode, max_staleness)
-        _check_implemented(mode, staleness)
+        _check_implemented(mode)
         timeout = validation.check_positive_number(
             "timeout_s", DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         )
@@ -226,6 +220,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             config,
             timeout_s=timeout,
             max_in_flight=_IN_FLIGHT_PER_WORKER * len(config.cluster.addresses("worker")),
+            max_staleness=staleness,
         )
         self._runner = async_runner.AsyncRunner(self, self._scheduler)
 
@@ -258,6 +253,17 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     def executions_by_worker(self) -> dict[int, int]:
         """Scheduled functions (each `steps_per_execution` steps) each worker finished."""
         return dict(self._scheduler.executions_by_worker)
+
+    @property
+    def largest_staleness_seen(self) -> int:
+        """The most steps any step's update may have been stale by, since construction.
+
+        Measured on the chief: for each step, the steps of other scheduled
+        functions that ran while it ran (an upper bound on the updates
+        applied between its reads of the parameters and its own update).
+        With `max_staleness=k`, never more than k.
+        """
+        return self._scheduler.largest_staleness_seen
 
     @property
     def steps_rerun(self) -> int:
