@@ -7,6 +7,8 @@ Modules, one job each:
 - `scheduler`: `StepScheduler`, steps queued on free workers with every
   wait of the chief bounded.
 - `async_runner`: asynchronous steps (each applied when it arrives).
+- `sync_runner`: synchronous steps (each batch split over the workers,
+  gradients summed, applied once).
 - `keras_loop`: Keras's `fit`/`evaluate`/`predict` on the cluster.
 """
 

@@ -38,6 +38,7 @@ from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import keras_loop
 from tfdist.parameter_server import roles
 from tfdist.parameter_server import scheduler as scheduler_lib
+from tfdist.parameter_server import sync_runner
 from tfdist.watchdog import startup
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MODES", "ParameterServerStrategy"]
@@ -83,17 +84,6 @@ def _check_mode(mode: object) -> str:
     return str(mode)
 
 
-def _check_implemented(mode: str) -> None:
-    """Refuses the valid settings this version does not run yet (issue 13)."""
-    if mode == "sync":
-        raise errors.ConfigError(
-            "mode='sync' (all workers' gradients of a step summed and applied "
-            "once) is not implemented yet in tfdist.ParameterServerStrategy; "
-            f"received mode={mode!r}. Use mode='async' (the default), or "
-            "tfdist.MultiWorkerMirroredStrategy for synchronous training."
-        )
-
-
 class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     """Parameter-server training of a Keras model, through its unchanged `fit`.
 
@@ -127,9 +117,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         read the `TF_CONFIG` environment variable.
       cluster_resolver: TF's keyword for `cluster`.
       mode: "async" (default: each worker's update is applied when it
-        arrives). "sync" (every step's gradients from all workers summed
-        and applied once) is reserved and not implemented yet: it raises
-        `ConfigError`.
+        arrives) or "sync" (each batch `fit` reads is split over the
+        workers, their gradients summed and applied once: the update of
+        one device with the same global batch, up to float rounding, for
+        layers that do not use batch statistics or randomness; see
+        `tfdist/parameter_server/sync_runner.py`).
       max_staleness: With `mode="async"`, an int k >= 0: no update is
         applied to parameters more than k steps newer than those its
         gradient was computed from (fewer steps run at once: at most
@@ -146,7 +138,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
     Raises:
       ConfigError: For an unknown `mode`, a negative or misplaced
-        `max_staleness`, `mode="sync"` (not implemented yet), a non-positive `timeout_s`, the evaluator task, or
+        `max_staleness`, a non-positive `timeout_s`, the evaluator task, or
         `cluster` and `cluster_resolver` both given.
       ConfigError (at Keras 3's `fit`/`evaluate`/`predict`, before any
         step): If `variable_partitioner` split one of the model's
@@ -178,7 +170,6 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         # Any (variable_partitioner): a TF partitioner is any callable.
         mode = _check_mode(mode)
         staleness = _check_max_staleness(mode, max_staleness)
-        _check_implemented(mode)
         timeout = validation.check_positive_number(
             "timeout_s", DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         )
@@ -222,7 +213,13 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             max_in_flight=_IN_FLIGHT_PER_WORKER * len(config.cluster.addresses("worker")),
             max_staleness=staleness,
         )
-        self._runner = async_runner.AsyncRunner(self, self._scheduler)
+        self._runner: keras_loop.StepRunner
+        if mode == "sync":
+            self._runner = sync_runner.SyncRunner(
+                self, self._scheduler, num_workers=len(config.cluster.addresses("worker"))
+            )
+        else:
+            self._runner = async_runner.AsyncRunner(self, self._scheduler)
 
     @property
     def cluster_config(self) -> ClusterConfig:

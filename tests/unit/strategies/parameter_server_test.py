@@ -65,18 +65,6 @@ class BadArgumentTest(parameterized.TestCase):
         self.assertIn(named, str(caught.exception))
 
     @parameterized.named_parameters(
-        ("sync_mode", {"mode": "sync"}, "mode='sync'"),
-    )
-    def test_sync_mode_not_implemented_yet_raises_before_anything_starts(
-        self, kwargs, named
-    ):
-        # Valid settings tfdist does not run yet are refused, not ignored.
-        with self.assertRaises(errors.ConfigError) as caught:
-            tfdist.ParameterServerStrategy(_tf_config(PS_CLUSTER), **kwargs)
-        self.assertIn(named, str(caught.exception))
-        self.assertIn("not implemented yet", str(caught.exception))
-
-    @parameterized.named_parameters(
         ("staleness_float", {"max_staleness": 1.5}),
         ("staleness_bool", {"max_staleness": True}),
         ("partitioner_not_callable", {"variable_partitioner": 256}),
