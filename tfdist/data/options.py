@@ -22,6 +22,7 @@ import tensorflow as tf
 from tfdist import errors
 from tfdist._internal import validation
 from tfdist.data import _checks
+from tfdist.data import policies
 from tfdist.data import sharding
 
 __all__ = ["ShardOptions"]
@@ -64,27 +65,27 @@ class ShardOptions:
 
     seed: int = 0
     shuffle: bool = True
-    remainder: sharding.Remainder | str = sharding.Remainder.SPLIT
+    remainder: policies.Remainder | str = policies.Remainder.SPLIT
     epoch: int | None = None
     start_step: int = 0
-    max_in_memory_bytes: int = sharding.DEFAULT_MAX_IN_MEMORY_BYTES
+    max_in_memory_bytes: int = policies.DEFAULT_MAX_IN_MEMORY_BYTES
 
     def __post_init__(self) -> None:
         _checks.check_seed(self.seed)
         _checks.check_bool("shuffle", self.shuffle)
         value = (
             self.remainder.value
-            if isinstance(self.remainder, sharding.Remainder)
+            if isinstance(self.remainder, policies.Remainder)
             else self.remainder
         )
-        if value == sharding.Remainder.DROP.value:
+        if value == policies.Remainder.DROP.value:
             raise errors.ConfigError(
                 "ShardOptions(remainder='drop') is not supported: Keras "
                 "counts the steps of the batched dataset you pass to fit, "
                 "which includes the last partial batch. Batch the dataset "
                 "with drop_remainder=True instead, or use remainder='split'."
             )
-        if value == sharding.Remainder.PAD.value:
+        if value == policies.Remainder.PAD.value:
             raise errors.ConfigError(
                 "ShardOptions(remainder='pad') is not supported: a strategy "
                 "gives each replica the real rows of the last step and "
