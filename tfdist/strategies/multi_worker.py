@@ -4,7 +4,7 @@ A `tf.distribute.MultiWorkerMirroredStrategy` (Keras 3 aggregates metrics
 and `predict` rows across workers only for that class) whose cluster comes
 from `tfdist.cluster` (validated TF_CONFIG) and whose collectives carry a
 timeout. It also works around two Keras 3 bugs in the multi-worker path
-(`shared/notes/tf-extension-points.md`, Q4):
+(observed with Keras 3.15 and TF 2.21):
 
 1. `Trainer._maybe_symbolic_build` calls `strategy.reduce("MEAN", (x, y),
    axis=None)`; TF's `CollectiveAllReduceExtended._reduce_to` does not map
