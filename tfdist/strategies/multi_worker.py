@@ -17,11 +17,13 @@ timeout. It also works around two Keras 3 bugs in the multi-worker path
 `reduce` below maps over the structure and, for scalar values, reduces
 across replicas only (for a scalar, "along axis 0" adds nothing).
 
-Datasets given to `experimental_distribute_dataset` are sharded by tfdist
-(`tfdist/strategies/_input.py`), not TF's auto-sharding: each worker takes
-its replicas' slices of every global batch, so training equals one process
-with the same global batch (a last partial batch included), and TF's
-"failed to apply FILE sharding policy" warning never appears.
+Datasets given to `experimental_distribute_dataset` are distributed by
+tfdist (`tfdist/input/`), not TF's auto-sharding: each worker takes its
+replicas' slices of every global batch (from its own copy of a pipeline
+that is the same on every worker, else from the chief's), so training
+equals one process with the same global batch (a last partial batch
+included), and TF's "failed to apply FILE sharding policy" warning never
+appears.
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ class MultiWorkerMirroredStrategy(
 
     @property
     def shard_options(self) -> data_options.ShardOptions | None:
-        """How plain datasets are sharded (`None`: `split_batches`)."""
+        """How plain datasets are sharded (`None`: each global batch is cut)."""
         return self._shard_options
 
     def _chief_input_service(self) -> data_service.ChiefInputService | None:
