@@ -90,6 +90,16 @@ class MirroredFitEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
         )
 
+    def test_one_collective_per_gradient_matches_single_device(self):
+        # bucket_bytes=None: no buckets, every gradient reduced on its own.
+        x, y = _data()
+        strategy = tfdist.MirroredStrategy(DEVICES, all_reduce="tree", bucket_bytes=None)
+        numerics.assert_matches_single_device(
+            _mlp_builder("adam"), strategy, x, y,
+            global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
+            rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=False,
+        )
+
     def test_evaluate_and_predict_match_single_device(self):
         x, y = _data()
         strategy = tfdist.MirroredStrategy(DEVICES, all_reduce="ring")
