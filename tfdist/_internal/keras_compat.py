@@ -126,11 +126,14 @@ class KerasStep:
       kind: "train", "test" or "predict".
       builtin: Whether it is Keras's own step (a user's `train_step`
         override may unpack its data in its own way).
+      keras3: Keras 3 (else tf-keras). Keras 3 averages every logged value
+        over all replicas with `strategy.reduce`, one call per value.
     """
 
     model: Any
     kind: str
     builtin: bool
+    keras3: bool = True
 
 
 def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
@@ -168,7 +171,9 @@ def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
     if training is None or "model" not in cells:
         return None
     model = cells["model"].cell_contents
-    return KerasStep(model, "train", type(model).train_step is training.Model.train_step)
+    return KerasStep(
+        model, "train", type(model).train_step is training.Model.train_step, keras3=False
+    )
 
 
 # --------------------------------------------------------------------------
