@@ -41,7 +41,10 @@ class ShardOptions:
     Contract: the dataset must be finite and its elements are read once into
     memory (or streamed, see `shard`), so randomness inside the user's
     pipeline is frozen at that first read; shuffle with `shuffle=True` here
-    instead. Under Keras 3, `fit` reads one batch from a fresh iterator to
+    instead. With several workers each reads its own copy, so the copies
+    must agree: unseeded `shuffle`s are given a seed all workers share, and
+    other randomness (generators, random ops in `map`) is refused with a
+    `ConfigError`. Under Keras 3, `fit` reads one batch from a fresh iterator to
     build the model before its first epoch, and that iterator takes epoch
     `epoch` for itself: training's first epoch is then `epoch + 1` (still a
     complete, exactly-once epoch).
