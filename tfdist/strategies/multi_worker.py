@@ -279,7 +279,10 @@ def _communication_settings(
     ring = tf.distribute.experimental.CommunicationImplementation.RING
     if options is None:
         return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, ring
-    if not isinstance(options, tf.distribute.experimental.CommunicationOptions):
+    # `CommunicationOptions(...)` builds a `collective_util.Options`: the
+    # exported name is a factory, not the class, so isinstance needs the
+    # class of an instance.
+    if not isinstance(options, type(tf.distribute.experimental.CommunicationOptions())):
         raise TypeError(
             "communication_options must be a tf.distribute.experimental."
             f"CommunicationOptions; received {options!r} of type "
