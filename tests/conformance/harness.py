@@ -21,14 +21,21 @@ Counting examples without changing a tutorial's loop: every image gets a
 second channel holding its example id, and `ExampleCounter`, placed before
 the tutorial's first layer, strips that channel and counts the ids it sees
 (training and inference apart) in sync-on-read variables. The tutorial's
-model is otherwise unchanged (its first layer sees one channel).
+model is otherwise unchanged (its first layer sees one channel). Models on
+flat features get the id as their last feature instead (`flat_images`,
+`with_ids`); the counter strips and counts it the same way. Keras's `fit`
+reports the training counts per epoch through `EpochCounts`; custom training
+loops through `PhaseCounts`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -43,6 +50,8 @@ KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true"
 NUM_REPLICAS = 4
 DEVICES = [f"/cpu:{i}" for i in range(NUM_REPLICAS)]
 SEED = 7
+#: Examples `load_mnist_like` has (scikit-learn's digits): ids are below it.
+NUM_DIGITS = 1797
 CONTENDERS = ("one_device", "tf", "tfdist")
 
 #: Same examples, same order, same initial weights: the runs differ in how
@@ -52,28 +61,40 @@ RTOL = 1e-4
 ATOL = 1e-5
 
 
-def make_strategy(contender: str) -> tf.distribute.Strategy:
-    """The contender's strategy, built as its tutorial builds TF's."""
+def make_strategy(
+    contender: str, cross_device_ops: tf.distribute.CrossDeviceOps | None = None
+) -> tf.distribute.Strategy:
+    """The contender's strategy, built as its tutorial builds TF's.
+
+    Args:
+      contender: One of `CONTENDERS`.
+      cross_device_ops: TF's constructor argument, for tutorials that pass
+        one (e.g. `tf.distribute.HierarchicalCopyAllReduce()`); given to TF's
+        strategy and to tfdist's (which takes TF's arguments), not to one
+        device (which reduces nothing).
+    """
     if contender == "one_device":
         # A strategy, not none: Keras 3 then starts the same extra iterator
         # to build the model as with the others, so a reshuffling pipeline
         # gives every contender the same epochs.
         return tf.distribute.OneDeviceStrategy(DEVICES[0])
     if contender == "tf":
-        return tf.distribute.MirroredStrategy(DEVICES)
+        return tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
     if contender == "tfdist":
-        return tfdist.MirroredStrategy(DEVICES)
+        return tfdist.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
     raise ValueError(f"unknown contender {contender!r}")
 
 
 def load_mnist_like(
-    num_train: int = 1440,
+    num_train: int = 1440, num_test: int | None = None
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """(train_images, train_labels), (test_images, test_labels), MNIST-shaped.
 
     Images are float32 in [0, 255] with shape (n, 28, 28, 2): channel 0 the
     digit, channel 1 the example's id (train: 0..n-1, test: continuing), so
-    `ExampleCounter` can count them. Labels are uint8 in 0..9.
+    `ExampleCounter` can count them. Labels are uint8 in 0..9. The test set
+    is the `num_test` digits after the training set (`None`: all the rest);
+    ids stay below `NUM_DIGITS` either way.
     """
     from sklearn import datasets  # Bundled data: no download.
 
@@ -86,10 +107,27 @@ def load_mnist_like(
     )
     with_ids = np.concatenate([images, ids], axis=-1)
     labels = digits.target.astype("uint8")
+    end = None if num_test is None else num_train + num_test
     return (with_ids[:num_train], labels[:num_train]), (
-        with_ids[num_train:],
-        labels[num_train:],
+        with_ids[num_train:end],
+        labels[num_train:end],
     )
+
+
+def flat_images(images: np.ndarray) -> np.ndarray:
+    """`load_mnist_like` images as models on `reshape(-1, 784)` get them.
+
+    Returns float32 of shape (n, 785): the 784 pixels of channel 0, then the
+    example's id (what `ExampleCounter` strips and counts).
+    """
+    pixels = images[..., 0].reshape(len(images), -1)
+    return np.concatenate([pixels, images[:, 0, 0, 1:]], axis=1)
+
+
+def with_ids(features: np.ndarray, first_id: int = 0) -> np.ndarray:
+    """`features` (n, k) with a last column of ids first_id .. first_id + n - 1."""
+    ids = np.arange(first_id, first_id + len(features), dtype=features.dtype)
+    return np.concatenate([features, ids[:, None]], axis=1)
 
 
 class _Counts:
@@ -102,6 +140,9 @@ class _Counts:
 @keras.utils.register_keras_serializable(package="tfdist_conformance")
 class ExampleCounter(keras.layers.Layer):
     """Strips the id channel from images and counts the ids seen.
+
+    The id is the last channel of an image (n, h, w, c + 1), or the last
+    feature of a flat row (n, k + 1); what follows gets the rest.
 
     Args:
       num_examples: Ids are 0 .. num_examples - 1.
@@ -140,7 +181,9 @@ class ExampleCounter(keras.layers.Layer):
         if tf.distribute.in_cross_replica_context():
             # Keras building the model from a sample batch: not a step.
             return inputs[..., :-1]
-        ids = tf.cast(tf.round(inputs[:, 0, 0, -1] / self.id_scale), tf.int32)
+        id_channel = inputs[..., -1]
+        id_channel = tf.reshape(id_channel, [tf.shape(id_channel)[0], -1])
+        ids = tf.cast(tf.round(id_channel[:, 0] / self.id_scale), tf.int32)
         seen = tf.math.bincount(
             ids, minlength=self.num_examples, maxlength=self.num_examples, dtype=tf.int32
         )
@@ -149,7 +192,13 @@ class ExampleCounter(keras.layers.Layer):
             return tf.identity(inputs[..., :-1])
 
     def local_counts(self, strategy: tf.distribute.Strategy) -> dict[str, np.ndarray]:
-        """This process's counts (summed over its replicas), by phase."""
+        """This process's counts (summed over its replicas), by phase.
+
+        Zeros while the layer is not built (a model built at its first step).
+        """
+        if not self.built:
+            zeros = np.zeros([self.num_examples], np.int32)
+            return {"train": zeros, "inference": zeros}
         return {
             name: np.sum(
                 [v.numpy() for v in strategy.experimental_local_results(var)], axis=0
@@ -176,11 +225,45 @@ class EpochCounts(keras.callbacks.Callback):
         self.per_epoch.append(self._counter.local_counts(self._strategy)["train"] - self._before)
 
 
+class PhaseCounts:
+    """For custom loops: how often each example was counted, per block.
+
+    Example:
+      counts = PhaseCounts(counter, strategy)
+      for epoch in range(EPOCHS):
+          with counts.counting("train"):
+              for x in dist_dataset:
+                  ...
+      counts.train  # one array per block
+
+    Attributes:
+      train: Per `counting("train")` block, the training counts.
+      inference: Per `counting("inference")` block, the inference counts.
+    """
+
+    def __init__(self, counter: ExampleCounter, strategy: tf.distribute.Strategy) -> None:
+        self._counter = counter
+        self._strategy = strategy
+        self.train: list[np.ndarray] = []
+        self.inference: list[np.ndarray] = []
+
+    @contextlib.contextmanager
+    def counting(self, phase: str) -> Iterator[None]:
+        """Appends to `self.<phase>` what the block counted in `phase`."""
+        before = self._counter.local_counts(self._strategy)[phase]
+        yield
+        getattr(self, phase).append(self._counter.local_counts(self._strategy)[phase] - before)
+
+
 def counts_during(counter: ExampleCounter, strategy: tf.distribute.Strategy, phase: str, run: Callable[[], Any]) -> tuple[Any, np.ndarray]:
     """`(run(), how often each example was counted in `phase` meanwhile)`."""
     before = counter.local_counts(strategy)[phase]
     result = run()
     return result, counter.local_counts(strategy)[phase] - before
+
+
+#: Characters of a failure's message that a `Record` keeps.
+MAX_ERROR_DETAIL = 5000
 
 
 @dataclasses.dataclass
@@ -194,13 +277,52 @@ class Record:
       inference_counts: Per evaluate/predict call, how often each example
         (training and test ids together) was seen.
       values: Named results (losses, metrics, predictions) to compare.
+      error_detail: The failure's message without stack lines (up to
+        `MAX_ERROR_DETAIL` characters): TF's runtime errors name the failing
+        op after a first line such as "Graph execution error:".
     """
 
     error: str | None = None
+    error_detail: str = ""
     train_counts: list[np.ndarray] = dataclasses.field(default_factory=list)
     inference_counts: list[np.ndarray] = dataclasses.field(default_factory=list)
     weights: list[np.ndarray] = dataclasses.field(default_factory=list)
     values: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _record_failure(record: Record, error: Exception) -> None:
+    """Sets `record.error` and `record.error_detail` from `error`."""
+    lines = [
+        line
+        for line in str(error).strip().splitlines()
+        # TF's runtime errors list the Python stack that defined the op.
+        if line.strip() and not line.lstrip().startswith("File ")
+    ]
+    record.error = f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
+    record.error_detail = "\n".join(lines)[:MAX_ERROR_DETAIL]
+
+
+def keeps_partial_results(
+    port: Callable[[str, str, Record], None],
+) -> Callable[[str, str], Record]:
+    """Adapts a port that fills the `Record` it is given as it goes.
+
+    For tutorials whose later cells build on earlier ones: when a cell
+    fails, the record keeps what the cells before it produced (and the
+    error), so tests can tell which part of the tutorial a contender passed.
+    """
+
+    def run(contender: str, workdir: str) -> Record:
+        record = Record()
+        try:
+            port(contender, workdir, record)
+        except Exception as e:  # The contender failed the pattern; record how.
+            if os.environ.get("CONFORMANCE_DEBUG"):
+                raise
+            _record_failure(record, e)
+        return record
+
+    return run
 
 
 def run_contenders(
@@ -218,36 +340,87 @@ def run_contenders(
         try:
             records[contender] = port(contender, directory)
         except Exception as e:  # The contender failed the pattern; record how.
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            records[contender] = Record(error=f"{type(e).__name__}: {first[:300]}")
             if os.environ.get("CONFORMANCE_DEBUG"):
                 raise
+            records[contender] = Record()
+            _record_failure(records[contender], e)
     return records
+
+
+def expected_counts(num_examples: int, ids: Any, times: int = 1) -> np.ndarray:
+    """Counts over ids 0 .. num_examples - 1: `times` for `ids`, else 0."""
+    counts = np.zeros([num_examples], np.int64)
+    counts[ids] = times
+    return counts
 
 
 class ConformanceTestCase(tf.test.TestCase):
     """Assertions shared by the tutorial ports."""
 
+    @classmethod
+    def run_in_tempdir(cls, port: Callable[[str, str], Record]) -> dict[str, Record]:
+        """`run_contenders(port, ...)` in a fresh directory, removed after the class."""
+        workdir = tempfile.mkdtemp(prefix=f"{cls.__name__}_")
+        cls.addClassCleanup(shutil.rmtree, workdir, ignore_errors=True)
+        return run_contenders(port, workdir)
+
+    def assert_failed_with(self, record: Record, error_type: str, message_part: str) -> None:
+        """The run failed with `error_type` and a message containing `message_part`."""
+        self.assertIsNotNone(record.error, "the run succeeded")
+        self.assertStartsWith(record.error, f"{error_type}: ")
+        self.assertIn(message_part, record.error_detail)
+
     def assert_ran(self, record: Record) -> None:
         self.assertIsNone(record.error, f"the run failed: {record.error}")
 
-    def assert_each_example_once_per_epoch(self, record: Record, num_examples: int, epochs: int) -> None:
-        self.assert_ran(record)
-        self.assertLen(record.train_counts, epochs)
-        for epoch, counts in enumerate(record.train_counts):
+    def assert_each_example_once_per_epoch(
+        self, record: Record, num_examples: int, epochs: int, *, first_epoch: int | None = None
+    ) -> None:
+        """Training examples 0 .. num_examples - 1 were seen once in each epoch.
+
+        Args:
+          record: The contender's record.
+          num_examples: Training examples (ids 0 .. num_examples - 1).
+          epochs: How many epochs: the whole run's, or from `first_epoch`.
+          first_epoch: `None` to check the whole run (which must have
+            succeeded and trained exactly `epochs` epochs); else check
+            `epochs` epochs from this one (the run may have failed later).
+        """
+        if first_epoch is None:
+            self.assert_ran(record)
+            self.assertLen(record.train_counts, epochs)
+            first_epoch = 0
+        window = record.train_counts[first_epoch : first_epoch + epochs]
+        self.assertLen(window, epochs, f"the run stopped before: {record.error}")
+        for epoch, counts in enumerate(window, start=first_epoch):
             with self.subTest(epoch=epoch):
                 seen = np.bincount(counts[:num_examples], minlength=3)
                 self.assertTrue(
                     np.all(counts[:num_examples] == 1),
                     f"epoch {epoch}: {seen[0]} examples never seen, {seen[1]} once, "
-                    f"{len(counts) - seen[0] - seen[1]} more than once",
+                    f"{num_examples - seen[0] - seen[1]} more than once",
                 )
 
     def assert_inference_counts(self, record: Record, expected: list[np.ndarray]) -> None:
-        self.assert_ran(record)
-        self.assertLen(record.inference_counts, len(expected))
+        """Per evaluate/predict call (or counted block), the counts `expected`.
+
+        The run may have failed after the last of them.
+        """
+        self.assertLen(record.inference_counts, len(expected), f"the run stopped before: {record.error}")
         for got, want in zip(record.inference_counts, expected):
             np.testing.assert_array_equal(got, want)
+
+    def assert_values_match(
+        self, record: Record, reference: Record, names: list[str], *, rtol: float = RTOL, atol: float = ATOL
+    ) -> None:
+        """The values `names` match `reference`'s (either run may have failed later)."""
+        for name in names:
+            with self.subTest(value=name):
+                if name not in reference.values:
+                    self.fail(f"the reference did not reach {name!r}: {reference.error}")
+                if name not in record.values:
+                    self.fail(f"the run did not reach {name!r}: {record.error}")
+                self.assertAllClose(record.values[name], reference.values[name], rtol=rtol, atol=atol)
 
     def assert_same_results(self, record: Record, reference: Record, *, rtol: float = RTOL, atol: float = ATOL) -> None:
         """Same final weights and every named value as `reference`."""
