@@ -130,6 +130,24 @@ def with_ids(features: np.ndarray, first_id: int = 0) -> np.ndarray:
     return np.concatenate([features, ids[:, None]], axis=1)
 
 
+def local_rows(strategy: tf.distribute.Strategy, value: Any) -> Any:
+    """`value` (a nest of per-replica values) with each leaf's local results joined.
+
+    Each leaf becomes one numpy array: the replicas' rows concatenated in
+    replica order (stacked, for scalars), as one device would hold them.
+    Replicas without rows (TF pads a partial step with empty values whose
+    other dimensions may be 0 too) add nothing.
+    """
+
+    def join(leaf: Any) -> np.ndarray:
+        parts = [np.asarray(part) for part in strategy.experimental_local_results(leaf)]
+        if not parts[0].ndim:
+            return np.stack(parts)
+        return np.concatenate([part for part in parts if len(part)] or parts[:1])
+
+    return tf.nest.map_structure(join, value)
+
+
 class _Counts:
     """Holds the counters outside Keras's tracking (they are not model weights)."""
 
