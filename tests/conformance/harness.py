@@ -196,8 +196,10 @@ class ExampleCounter(keras.layers.Layer):
         return tuple(input_shape[:-1]) + (input_shape[-1] - 1,)
 
     def call(self, inputs: tf.Tensor, training: bool | None = None) -> tf.Tensor:
-        if tf.distribute.in_cross_replica_context():
-            # Keras building the model from a sample batch: not a step.
+        if tf.distribute.in_cross_replica_context() or not tf.distribute.has_strategy():
+            # Keras building the model from a sample batch, or a call outside
+            # `strategy.run` and the scope (e.g. a custom loop's plain test
+            # step): not a replica's step, so nothing is counted.
             return inputs[..., :-1]
         id_channel = inputs[..., -1]
         id_channel = tf.reshape(id_channel, [tf.shape(id_channel)[0], -1])
