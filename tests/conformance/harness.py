@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import tempfile
@@ -61,10 +62,34 @@ RTOL = 1e-4
 ATOL = 1e-5
 
 
+#: How far apart the collective keys of TF's strategies are (see `make_strategy`).
+TF_COLLECTIVE_KEY_STRIDE = 100_000
+_tf_key_bases = itertools.count(TF_COLLECTIVE_KEY_STRIDE, TF_COLLECTIVE_KEY_STRIDE)
+
+
+def new_tf_key_base() -> int:
+    """A collective key base that no TF strategy of this process has used."""
+    return next(_tf_key_bases)
+
+
 def make_strategy(
-    contender: str, cross_device_ops: tf.distribute.CrossDeviceOps | None = None
+    contender: str,
+    cross_device_ops: tf.distribute.CrossDeviceOps | None = None,
+    *,
+    tf_key_base: int | None = None,
 ) -> tf.distribute.Strategy:
     """The contender's strategy, built as its tutorial builds TF's.
+
+    TF's `MirroredStrategy` on CPUs all-reduces with collective ops whose
+    group keys start at 1 + its `_collective_key_base` (0) in every
+    instance, and TF's runtime remembers each (group, instance) key's shape
+    for the whole process: a second TF strategy whose collectives have other
+    shapes fails ("Shape mismatch in the collective instance 100"), and one
+    that failed mid-step can leave later ones aborted. `pytest tests` runs
+    every file in one process, so each TF strategy here gets keys of its own
+    (`tf_key_base`), as TF's own tests do
+    (tensorflow/python/distribute/strategy_combinations.py); tfdist's
+    strategy is built untouched.
 
     Args:
       contender: One of `CONTENDERS`.
@@ -72,6 +97,9 @@ def make_strategy(
         one (e.g. `tf.distribute.HierarchicalCopyAllReduce()`); given to TF's
         strategy and to tfdist's (which takes TF's arguments), not to one
         device (which reduces nothing).
+      tf_key_base: For TF's strategy: its collective key base; `None` for a
+        new one. Strategies given the same base share keys, as any two TF
+        strategies of a fresh process do.
     """
     if contender == "one_device":
         # A strategy, not none: Keras 3 then starts the same extra iterator
@@ -79,7 +107,14 @@ def make_strategy(
         # gives every contender the same epochs.
         return tf.distribute.OneDeviceStrategy(DEVICES[0])
     if contender == "tf":
-        return tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
+        cls = tf.distribute.MirroredStrategy
+        default_base = cls._collective_key_base
+        # Read by the strategy's constructor only.
+        cls._collective_key_base = new_tf_key_base() if tf_key_base is None else tf_key_base
+        try:
+            return cls(DEVICES, cross_device_ops=cross_device_ops)
+        finally:
+            cls._collective_key_base = default_base
     if contender == "tfdist":
         return tfdist.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
     raise ValueError(f"unknown contender {contender!r}")
@@ -284,6 +319,30 @@ def counts_during(counter: ExampleCounter, strategy: tf.distribute.Strategy, pha
 
 #: Characters of a failure's message that a `Record` keeps.
 MAX_ERROR_DETAIL = 5000
+
+
+def counter_of(model: Any) -> ExampleCounter:
+    """The `ExampleCounter` among `model`'s layers (e.g. of a restored model)."""
+    return next(layer for layer in model.layers if isinstance(layer, ExampleCounter))
+
+
+def fit_counting(model: Any, strategy: tf.distribute.Strategy, record: Record, **fit_kwargs: Any) -> dict[str, Any]:
+    """`model.fit(**fit_kwargs)`'s history, counting what it reads into `record`.
+
+    Appends each epoch's training counts to `record.train_counts` and, when
+    `fit` validated (its history has `val_` entries), the validation counts
+    of the whole call to `record.inference_counts`.
+    """
+    counter = counter_of(model)
+    epoch_counts = EpochCounts(counter, strategy)
+    fit_kwargs["callbacks"] = list(fit_kwargs.get("callbacks") or []) + [epoch_counts]
+    history, validation_counts = counts_during(
+        counter, strategy, "inference", lambda: model.fit(**fit_kwargs)
+    )
+    record.train_counts.extend(epoch_counts.per_epoch)
+    if any(name.startswith("val_") for name in history.history):
+        record.inference_counts.append(validation_counts)
+    return history.history
 
 
 @dataclasses.dataclass

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import re
-import unittest
 
 import numpy as np
 import pytest

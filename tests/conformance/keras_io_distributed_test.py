@@ -89,21 +89,6 @@ def get_dataset():
     )
 
 
-def counter_of(model):
-    return next(layer for layer in model.layers if isinstance(layer, harness.ExampleCounter))
-
-
-def fit_counting(model, strategy, record, **fit_kwargs):
-    """`model.fit(**fit_kwargs)`'s history; its epochs' and validation's counts go in `record`."""
-    epoch_counts = harness.EpochCounts(counter_of(model), strategy)
-    fit_kwargs["callbacks"] = fit_kwargs.get("callbacks", []) + [epoch_counts]
-    history, validation_counts = harness.counts_during(
-        counter_of(model), strategy, "inference", lambda: model.fit(**fit_kwargs))
-    record.train_counts.extend(epoch_counts.per_epoch)
-    record.inference_counts.append(validation_counts)
-    return history.history
-
-
 @harness.keeps_partial_results
 def run_guide(contender, workdir, record):
     # Create a MirroredStrategy.
@@ -117,13 +102,13 @@ def run_guide(contender, workdir, record):
 
         # Train the model on all available devices.
         train_dataset, val_dataset, test_dataset = get_dataset()
-        record.values["fit"] = fit_counting(
+        record.values["fit"] = harness.fit_counting(
             model, strategy, record,
             x=train_dataset, epochs=2, validation_data=val_dataset, verbose=0)
 
         # Test the model on all available devices.
         evaluation, test_counts = harness.counts_during(
-            counter_of(model), strategy, "inference",
+            harness.counter_of(model), strategy, "inference",
             lambda: model.evaluate(test_dataset, verbose=0))
         record.inference_counts.append(test_counts)
         record.values["evaluate"] = evaluation
@@ -159,7 +144,7 @@ def run_guide(contender, workdir, record):
                     save_freq="epoch",
                 )
             ]
-            history = fit_counting(
+            history = harness.fit_counting(
                 model, strategy, record,
                 x=train_dataset,
                 epochs=epochs,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import unittest
 
-import numpy as np
 import pytest
 import tensorflow as tf
 

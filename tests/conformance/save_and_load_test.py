@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import unittest
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from absl.testing import parameterized
@@ -94,22 +93,14 @@ def tutorial_functions(mirrored_strategy):
     return get_data, get_model
 
 
-def fit_counting(model, strategy, record, dataset, name):
-    """`model.fit(dataset, epochs=2)`, its epochs' counts and losses in `record`."""
-    counter = next(layer for layer in model.layers if isinstance(layer, harness.ExampleCounter))
-    epoch_counts = harness.EpochCounts(counter, strategy)
-    history = model.fit(dataset, epochs=2, callbacks=[epoch_counts], verbose=0)
-    record.train_counts.extend(epoch_counts.per_epoch)
-    record.values[name] = history.history["loss"]
-
-
 def keras_format(contender, workdir, record):
     mirrored_strategy = harness.make_strategy(contender)
     get_data, get_model = tutorial_functions(mirrored_strategy)
 
     model = get_model()
     train_dataset, eval_dataset = get_data()
-    fit_counting(model, mirrored_strategy, record, train_dataset, "fit")
+    record.values["fit"] = harness.fit_counting(
+        model, mirrored_strategy, record, x=train_dataset, epochs=2, verbose=0)["loss"]
 
     keras_model_path = os.path.join(workdir, 'keras_save.keras')
     model.save(keras_model_path)
@@ -121,8 +112,9 @@ def keras_format(contender, workdir, record):
     another_strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
     with another_strategy.scope():
         restored_keras_model_ds = tf.keras.models.load_model(keras_model_path)
-        fit_counting(restored_keras_model_ds, another_strategy, record, train_dataset,
-                     "fit_restored_one_device")
+        record.values["fit_restored_one_device"] = harness.fit_counting(
+            restored_keras_model_ds, another_strategy, record,
+            x=train_dataset, epochs=2, verbose=0)["loss"]
     record.weights = restored_keras_model_ds.get_weights()
 
 
