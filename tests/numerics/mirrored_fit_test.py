@@ -166,7 +166,10 @@ class SparseGradientTest(tf.test.TestCase):
                 global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
                 rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=False,
             )
-        self.assertEqual(gathered_row_shapes, [(4,)])  # Rows of 4, traced once.
+        # Rows of 4 in every trace (tf-keras traces its step again for the
+        # epoch's short last batch; Keras 3 once).
+        self.assertNotEmpty(gathered_row_shapes)
+        self.assertEqual(set(gathered_row_shapes), {(4,)})
 
 
 class BatchNormalizationTest(tf.test.TestCase):
