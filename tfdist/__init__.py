@@ -1,7 +1,7 @@
 """tfdist: custom tf.distribute strategies behind the standard Keras `fit`.
 
     import tfdist
-    strategy = tfdist.MirroredStrategy()
+    strategy = tfdist.MirroredStrategy()   # or LayerPlacementStrategy(num_microbatches=4)
     with strategy.scope():
         model = build_model()
         model.compile(...)
@@ -30,6 +30,7 @@ from tfdist import cluster
 from tfdist import collectives
 from tfdist import data
 from tfdist import errors
+from tfdist import placement
 from tfdist import testing
 from tfdist.collectives import AllReduce
 from tfdist.collectives import AutoAllReduce
@@ -38,12 +39,14 @@ from tfdist.collectives import RingAllReduce
 from tfdist.collectives import TreeAllReduce
 from tfdist.devices import local_devices
 from tfdist.devices import simulate_cpu_devices
+from tfdist.strategies import LayerPlacementStrategy
 from tfdist.strategies import MirroredStrategy
 from tfdist.strategies import MultiWorkerMirroredStrategy
 
 __all__ = [
     "AllReduce",
     "AutoAllReduce",
+    "LayerPlacementStrategy",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "ReduceToOneAllReduce",
@@ -54,6 +57,7 @@ __all__ = [
     "data",
     "errors",
     "local_devices",
+    "placement",
     "simulate_cpu_devices",
     "testing",
 ]

@@ -19,6 +19,8 @@ class PlacementReport:
       model_name: The placed model's name.
       plan: The stages and their devices.
       num_microbatches: Microbatches per step (M).
+      microbatch_rows: Rows of the microbatch the per-microbatch numbers
+        (activation bytes, FLOPs, times) are for.
       stage_times_s: Per stage, seconds of one forward and backward pass of
         its layers on one microbatch, timed on the stage's device; None if
         not measured.
@@ -29,6 +31,7 @@ class PlacementReport:
     model_name: str
     plan: plan_lib.PlacementPlan
     num_microbatches: int
+    microbatch_rows: int = 1
     stage_times_s: tuple[float, ...] | None = None
     rematerialized: tuple[str, ...] = ()
 
@@ -51,7 +54,8 @@ class PlacementReport:
             f"Placement of model {self.model_name!r}: {plan.num_stages} stage(s), "
             f"balance_by={plan.balance_by!r}, num_microbatches="
             f"{self.num_microbatches} (GPipe bubble "
-            f"{100 * self.bubble_fraction:.0f}% of each stage's step)"
+            f"{100 * self.bubble_fraction:.0f}% of each stage's step); "
+            f"per-microbatch numbers for {self.microbatch_rows} row(s)"
         )
         columns = ("stage", "device", "layers", "params", "weights", "out/microbatch",
                    f"cost ({plan.balance_by})", "measured")

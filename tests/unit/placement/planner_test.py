@@ -199,10 +199,11 @@ class PipelineMathAndReportTest(absltest.TestCase):
 
     def test_report_lists_every_layer_with_its_device_and_stage_numbers(self):
         plan = placement.plan_stages(_graph([1, 1, 3], [(0, 1, 2048), (1, 2, 2048)]), DEVICES[:3])
-        report = placement.PlacementReport("net", plan, 4, (0.001, 0.001, 0.002), ("l2",))
+        report = placement.PlacementReport("net", plan, 4, 8, (0.001, 0.001, 0.002), ("l2",))
         text = str(report)
         self.assertIn("3 stage(s)", text)
         self.assertIn("bubble 33%", text)
+        self.assertIn("for 8 row(s)", text)
         self.assertRegex(text, r"l2 +/device:CPU:2 +stage 2 +\(rematerialized\)")
         self.assertIn("2.0 KiB", text)
         self.assertAlmostEqual(report.measured_balance, (0.004 / 3) / 0.002)
