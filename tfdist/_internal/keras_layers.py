@@ -38,6 +38,7 @@ __all__ = [
     "calls_wrapped",
     "has_state_updates",
     "resource_variables",
+    "storage_variable",
     "top_level_layers",
     "trace_calls",
 ]
@@ -46,15 +47,17 @@ __all__ = [
 CallWrapper = Callable[[Any, Callable[..., Any]], Callable[..., Any]]
 
 
+def storage_variable(weight: Any) -> tf.Variable:
+    """The `tf.Variable` behind a Keras weight (itself if it is one)."""
+    variable = getattr(weight, "_value", None)  # Keras 3 keras.Variable.
+    if variable is None:
+        variable = getattr(weight, "_variable", weight)  # AutoCastVariable.
+    return variable
+
+
 def resource_variables(layer: Any) -> list[tf.Variable]:
     """The `tf.Variable`s behind every weight of `layer` (nested layers included)."""
-    found = []
-    for weight in layer.weights:
-        variable = getattr(weight, "_value", None)  # Keras 3 keras.Variable.
-        if variable is None:
-            variable = getattr(weight, "_variable", weight)  # AutoCastVariable.
-        found.append(variable)
-    return found
+    return [storage_variable(weight) for weight in layer.weights]
 
 
 def has_state_updates(layer: Any) -> bool:

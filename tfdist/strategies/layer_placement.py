@@ -42,7 +42,7 @@ import dataclasses
 import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any, ContextManager, Union
 
 import tensorflow as tf
 from absl import logging
@@ -466,9 +466,11 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
             device, rematerialize = wraps[id(layer)]
 
             def call(*args: Any, **kwargs: Any) -> Any:
+                if rematerialize and not tf.executing_eagerly():
+                    return _recomputed(
+                        original, args, kwargs, lambda: extended.enter_layer_call(device)
+                    )
                 with extended.enter_layer_call(device):
-                    if rematerialize and not tf.executing_eagerly():
-                        return _recomputed(original, args, kwargs)
                     return original(*args, **kwargs)
 
             return call
@@ -477,8 +479,19 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
             yield
 
 
-def _recomputed(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`original(*args, **kwargs)`, its activations recomputed in the backward pass."""
+def _recomputed(
+    original: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    layer_call: Callable[[], ContextManager[None]],
+) -> Any:
+    """`original(*args, **kwargs)`, its activations recomputed in the backward pass.
+
+    TF recomputes the forward pass inside the gradient function, outside
+    the layer's call scope; each run opens its own name scope and enters
+    `layer_call()` there, so the recomputed ops and their gradients are
+    placed like the first forward pass.
+    """
     flat = tf.nest.flatten(args)
     positions = [i for i, v in enumerate(flat) if isinstance(v, tf.Tensor)]
 
@@ -486,7 +499,8 @@ def _recomputed(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         filled = list(flat)
         for position, tensor in zip(positions, tensors):
             filled[position] = tensor
-        return original(*tf.nest.pack_sequence_as(args, filled), **kwargs)
+        with tf.name_scope("rematerialized"), layer_call():
+            return original(*tf.nest.pack_sequence_as(args, filled), **kwargs)
 
     return tf.recompute_grad(forward)(*[flat[i] for i in positions])
 
