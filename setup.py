@@ -22,7 +22,7 @@ setuptools.setup(
         "keras>=3.3,<3.16",
         "numpy>=1.26",
         "absl-py>=1.0",
-        "portpicker>=1.6",  # tfdist.cluster.launcher picks local ports.
+        "portpicker>=1.6",  # tfdist.launch.local_cluster picks local ports.
     ],
     entry_points={"console_scripts": ["tfdist-launch=tfdist.launch:run_cli"]},
     extras_require={

@@ -1,7 +1,7 @@
 """Multi-worker scaling: 2 workers vs 1, and tfdist vs TF's MultiWorkerMirroredStrategy.
 
     python benchmarks/multiworker.py [--workload=comm_bound|compute_bound] [--rounds=3]
-        [--keras=tf_keras|keras3]
+        [--keras=tf_keras|keras3] [--network=isolated|host|both]
 
 Every task is a process on 127.0.0.1 (`tfdist.testing.run_local_cluster`)
 with one intra-op thread and **pinned to one core** (task i to core i), so
@@ -28,7 +28,11 @@ By default all runs use tf-keras (TF_USE_LEGACY_KERAS=1): TF's own
 MultiWorkerMirroredStrategy fails under Keras 3's `fit` (two Keras 3 bugs
 tfdist works around), so tf-keras is where the baseline runs unmodified.
 `--keras=keras3` measures tfdist's scaling under Keras 3 (no TF baseline).
-Configurations alternate per round; medians are reported.
+`--network` says where the tasks talk: `isolated` (a private network
+namespace, tfdist-launch's default), `host` (the host's network,
+`--no-isolate`) or `both`, each configuration run on both in turn, with a
+table comparing them. Configurations alternate per round; medians are
+reported.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ _WORKLOAD = flags.DEFINE_enum(
 _KERAS = flags.DEFINE_enum(
     "keras", "tf_keras", ["tf_keras", "keras3"],
     "Keras front end; TF's MultiWorkerMirroredStrategy runs only under tf_keras.")
+_NETWORK = flags.DEFINE_enum(
+    "network", "isolated", ["isolated", "host", "both"],
+    "Where the tasks' servers listen: a private network namespace, the host's "
+    "network, or both (alternated).")
 GLOBAL_BATCH_SIZE = {"comm_bound": 256, "compute_bound": 4096}
 WARMUP_STEPS = 5
 ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
@@ -124,18 +132,35 @@ def main(argv: Sequence[str]) -> None:
     env = {**ENV, "TF_USE_LEGACY_KERAS": "1"} if tf_keras else ENV
     configs = {name: config for name, config in CONFIGS.items()
                if tf_keras or config[0] != "tf"}
-    step_s: dict[str, list[float]] = {name: [] for name in configs}
+    networks = ["isolated", "host"] if _NETWORK.value == "both" else [_NETWORK.value]
+    step_s = {network: {name: [] for name in configs} for network in networks}
     for _ in range(_ROUNDS.value):
         for name, (kind, workers, compression) in configs.items():
-            per_task = run_local_cluster(
-                step_seconds, num_workers=workers,
-                args=(kind, batch, _STEPS.value, compression),
-                timeout_s=600, env=env)
-            step_s[name].append(max(per_task))  # The job runs at its slowest task's pace.
+            for network in networks:
+                per_task = run_local_cluster(
+                    step_seconds, num_workers=workers,
+                    args=(kind, batch, _STEPS.value, compression),
+                    timeout_s=600, env=env, isolate=network == "isolated")
+                # The job runs at its slowest task's pace.
+                step_s[network][name].append(max(per_task))
+    for network in networks:
+        print_table(network, batch, step_s[network])
+    if len(networks) == 2:
+        print("\n| configuration | isolated ms/step | host network ms/step | isolated / host |")
+        print("|---|---|---|---|")
+        for name in configs:
+            isolated, host = (statistics.median(step_s[n][name]) for n in networks)
+            print(f"| {name} | {isolated * 1e3:.1f} | {host * 1e3:.1f} | "
+                  f"{isolated / host:.2f} |")
+
+
+def print_table(network: str, batch: int, step_s: dict[str, list[float]]) -> None:
+    """Prints one network's results: step time, scaling, and vs TF."""
     rate = {name: batch / statistics.median(s) for name, s in step_s.items()}
     single = rate["1 worker, no strategy"]
     print(f"\n### {_WORKLOAD.value}: global batch {batch}, MLP 256->512->512->10, "
-          f"1 intra-op thread and 1 core per task, {_KERAS.value}, median of {_ROUNDS.value}\n")
+          f"1 intra-op thread and 1 core per task, {_KERAS.value}, {network} network, "
+          f"median of {_ROUNDS.value}\n")
     print("| configuration | ms/step | examples/s | scaling efficiency | vs TF's MWMS |")
     print("|---|---|---|---|---|")
     for name, examples_per_s in rate.items():

@@ -167,8 +167,10 @@ def train(config: TrainConfig) -> TrainResult:
               validation_data=(x_test, y_test), callbacks=callbacks, verbose=2)
     _, accuracy = model.evaluate(x_test, y_test, batch_size=config.global_batch_size,
                                  verbose=0)
-    if config.model_dir:
-        model.save_weights(f"{config.model_dir}/digits.weights.h5")
+    if config.model_dir and strategy.extended.should_checkpoint:  # tfdist: chief only.
+        path = f"{config.model_dir}/digits.weights.h5"
+        model.save_weights(path)
+        print(f"saved weights to {path}", flush=True)
     steady = throughput.rates[1:] or throughput.rates  # Epoch 1 includes tracing.
     result = TrainResult(float(accuracy), float(np.median(steady)),
                          strategy.num_replicas_in_sync)

@@ -22,26 +22,36 @@ Glossary (the words every tfdist docstring uses, as in `tf.distribute`):
 - **global batch**: the examples consumed by one training step over all
   replicas (`global_batch_size`); the **per-replica batch** is
   `global_batch_size // num_replicas_in_sync`.
+
+`import tfdist` itself imports nothing: each subpackage and name is imported
+on first use, and only those that need TensorFlow import it (`tfdist.errors`,
+`tfdist.cluster`, `tfdist.launch` and `tfdist.placement` do not).
 """
 
 from __future__ import annotations
 
-from tfdist import cluster
-from tfdist import collectives
-from tfdist import data
-from tfdist import errors
-from tfdist import placement
-from tfdist import testing
-from tfdist.collectives import AllReduce
-from tfdist.collectives import AutoAllReduce
-from tfdist.collectives import ReduceToOneAllReduce
-from tfdist.collectives import RingAllReduce
-from tfdist.collectives import TreeAllReduce
-from tfdist.devices import local_devices
-from tfdist.devices import simulate_cpu_devices
-from tfdist.strategies import LayerPlacementStrategy
-from tfdist.strategies import MirroredStrategy
-from tfdist.strategies import MultiWorkerMirroredStrategy
+import importlib
+from typing import TYPE_CHECKING
+from typing import Any
+
+if TYPE_CHECKING:  # What the lazy attributes below resolve to.
+    from tfdist import cluster
+    from tfdist import collectives
+    from tfdist import data
+    from tfdist import errors
+    from tfdist import launch
+    from tfdist import placement
+    from tfdist import testing
+    from tfdist.collectives import AllReduce
+    from tfdist.collectives import AutoAllReduce
+    from tfdist.collectives import ReduceToOneAllReduce
+    from tfdist.collectives import RingAllReduce
+    from tfdist.collectives import TreeAllReduce
+    from tfdist.devices import local_devices
+    from tfdist.devices import simulate_cpu_devices
+    from tfdist.strategies import LayerPlacementStrategy
+    from tfdist.strategies import MirroredStrategy
+    from tfdist.strategies import MultiWorkerMirroredStrategy
 
 __all__ = [
     "AllReduce",
@@ -56,6 +66,7 @@ __all__ = [
     "collectives",
     "data",
     "errors",
+    "launch",
     "local_devices",
     "placement",
     "simulate_cpu_devices",
@@ -63,3 +74,38 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# The public subpackages, and the module each other public name comes from.
+# Nothing is imported until first used (PEP 562), so `import tfdist.cluster`
+# or `python -m tfdist.launch` does not wait seconds for TensorFlow.
+_SUBPACKAGES = frozenset(
+    {"cluster", "collectives", "data", "errors", "launch", "placement", "testing"}
+)
+_ATTRIBUTE_MODULES = {
+    "AllReduce": "tfdist.collectives",
+    "AutoAllReduce": "tfdist.collectives",
+    "ReduceToOneAllReduce": "tfdist.collectives",
+    "RingAllReduce": "tfdist.collectives",
+    "TreeAllReduce": "tfdist.collectives",
+    "local_devices": "tfdist.devices",
+    "simulate_cpu_devices": "tfdist.devices",
+    "LayerPlacementStrategy": "tfdist.strategies",
+    "MirroredStrategy": "tfdist.strategies",
+    "MultiWorkerMirroredStrategy": "tfdist.strategies",
+}
+
+
+def __getattr__(name: str) -> Any:  # Any: each public name has its own type.
+    """Imports a public subpackage or name on first access (PEP 562)."""
+    if name in _SUBPACKAGES:
+        value = importlib.import_module(f"tfdist.{name}")
+    elif name in _ATTRIBUTE_MODULES:
+        value = getattr(importlib.import_module(_ATTRIBUTE_MODULES[name]), name)
+    else:
+        raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+    globals()[name] = value  # Later accesses skip __getattr__.
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

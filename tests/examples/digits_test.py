@@ -43,8 +43,9 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertIn(f"replicas={replicas}", result.stdout)
 
     def test_multi_worker_runs_under_the_launcher(self):
+        model_dir = self.create_tempdir().full_path
         result = _run(
-            ["--strategy=multi_worker", "--compression=fp16"],
+            ["--strategy=multi_worker", "--compression=fp16", f"--model_dir={model_dir}"],
             launcher_args=["--workers", "2", "--timeout-s", "200"],
         )
         output = result.stdout + result.stderr
@@ -57,6 +58,11 @@ class DigitsExampleTest(parameterized.TestCase):
         # source dataset") must not appear.
         self.assertNotIn("sharding policy", output)
         self.assertNotIn("unshardable", output)
+        # One writer for the weights: the chief (two h5 writers on one path
+        # fail or corrupt the file). The backup is deleted after training.
+        self.assertEqual(os.listdir(model_dir), ["digits.weights.h5"])
+        self.assertIn("[worker:0] saved weights to", output)
+        self.assertNotIn("[worker:1] saved weights", output)
 
     def test_bad_flag_fails_at_parse_time(self):
         result = _run(["--all_reduce=butterfly"])

@@ -38,6 +38,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+# Test-only: TF has no public switch back from enable_op_determinism().
+from tensorflow.python.framework import config as tf_config
 from absl.testing import parameterized
 
 import tfdist
@@ -114,7 +116,15 @@ class ShardedFitTest(tf.test.TestCase, parameterized.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
+        cls._determinism_was_enabled = tf_config.is_op_determinism_enabled()
         tf.config.experimental.enable_op_determinism()
+
+    @classmethod
+    def tearDownClass(cls):
+        # Process-wide: leave it as the other test files found it.
+        if not cls._determinism_was_enabled:
+            tf_config.disable_op_determinism()
+        super().tearDownClass()
 
     def _fit_both(self, num_examples: int, *, normalize_padded_loss: bool):
         """Fits one device and 4 replicas from the same initial weights."""
@@ -256,6 +266,22 @@ class PlainDatasetFitTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class ShardOptionsTest(tf.test.TestCase, parameterized.TestCase):
+    def test_shard_options_reshuffle_every_epoch_exactly_once(self):
+        ids = np.arange(70, dtype=np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices((ids, ids)).batch(GLOBAL_BATCH_SIZE)
+        strategy = tfdist.MirroredStrategy(
+            DEVICES, shard_options=tfdist.data.ShardOptions(seed=3)
+        )
+        distributed = strategy.experimental_distribute_dataset(dataset)
+        epochs = [
+            [int(v) for x, _ in distributed
+             for local in strategy.experimental_local_results(x) for v in local.numpy()]
+            for _ in range(2)
+        ]
+        for epoch in epochs:
+            self.assertEqual(sorted(epoch), ids.tolist())
+        self.assertNotEqual(epochs[0], epochs[1])
+
     @parameterized.named_parameters(
         dict(
             testcase_name="drop",

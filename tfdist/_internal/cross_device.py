@@ -4,14 +4,17 @@ Private TF API used (tested range: see setup.py):
 
 - `distribute_utils.regroup` + `values.Mirrored`: a `CrossDeviceOps` must
   return `Mirrored` values, and TF has no public constructor for them;
-- `cross_device_ops.get_devices_from` / `check_destinations`: resolve a
-  `destinations` argument as TF's own ops do;
+- `cross_device_ops.get_devices_from` / `check_destinations` and
+  `device_util.canonicalize`: resolve a `destinations` argument and name
+  devices as TF's own ops do;
 - `cross_device_ops.CollectiveAllReduce` and its launchers
   (`_launchers`, `all_reduce`, `_all_gather`): tfdist's cross-worker
   all-reduce subclasses TF's multi-worker cross-device ops and launches its
   collectives through TF's launcher (group and instance keys, ordering
   tokens); the watchdog wraps every launcher's collectives
   (`watch_collectives`);
+- `CrossDeviceOps._gather_implementation`: TF's hook behind
+  `strategy.gather` (`GatheringCrossDeviceOps` exposes it);
 - MWMS's extended attributes `_host_cross_device_ops`,
   `_cross_device_ops`, `_num_workers`, `_communication_options`,
   `_collective_keys` and `_get_variable_creator_initial_value` (the
@@ -25,11 +28,14 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as _cross_device_ops
+from tensorflow.python.distribute import device_util as _device_util
 from tensorflow.python.distribute import distribute_utils as _distribute_utils
 from tensorflow.python.distribute import values as _values
 
 __all__ = [
     "CollectiveAllReduce",
+    "GatheringCrossDeviceOps",
+    "canonical_devices",
     "collective_all_gather",
     "collective_all_reduce",
     "destination_devices",
@@ -45,12 +51,37 @@ __all__ = [
 CollectiveAllReduce = _cross_device_ops.CollectiveAllReduce
 
 
+class GatheringCrossDeviceOps(tf.distribute.CrossDeviceOps):
+    """A `CrossDeviceOps` that can gather: `strategy.gather`, `all_gather`.
+
+    TF's strategies call the private `_gather_implementation`, which the
+    public base class leaves unimplemented; this class sends it to the
+    public-named `gather_implementation`, which a subclass implements.
+    """
+
+    def _gather_implementation(
+        self, per_replica_value: Any, destinations: Any, axis: int, options: Any
+    ) -> Any:
+        return self.gather_implementation(per_replica_value, destinations, axis, options)
+
+    def gather_implementation(
+        self, per_replica_value: Any, destinations: Any, axis: int, options: Any
+    ) -> Any:
+        """Concatenation along `axis` of every replica's value, on `destinations`."""
+        raise NotImplementedError
+
+
 def make_mirrored(per_device: Sequence[Any]) -> Any:
     """Wraps one tensor (or IndexedSlices) per device as `Mirrored`.
 
     A single value is returned as is, as TF's own CrossDeviceOps do.
     """
     return _distribute_utils.regroup(tuple(per_device), wrap_class=_values.Mirrored)
+
+
+def canonical_devices(devices: Sequence[str]) -> tuple[str, ...]:
+    """`devices` fully named, as TF's cross-device ops name them."""
+    return tuple(_device_util.canonicalize(d) for d in devices)
 
 
 def destination_devices(destinations: Any, fallback: Any) -> tuple[str, ...]:

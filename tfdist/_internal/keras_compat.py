@@ -137,11 +137,14 @@ class KerasStep:
       kind: "train", "test" or "predict".
       builtin: Whether it is Keras's own step (a user's `train_step`
         override may unpack its data in its own way).
+      keras3: Keras 3 (else tf-keras). Keras 3 averages every logged value
+        over all replicas with `strategy.reduce`, one call per value.
     """
 
     model: Any
     kind: str
     builtin: bool
+    keras3: bool = True
 
 
 def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
@@ -159,9 +162,8 @@ def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
     if trainer is not None and isinstance(model, trainer.TensorFlowTrainer):
         if name in ("train_step", "test_step"):
             builtin_fn = getattr(trainer.TensorFlowTrainer, name)
-            return KerasStep(
-                model, name[: -len("_step")], getattr(fn, "__func__", None) is builtin_fn
-            )
+            function = getattr(fn, "__func__", None)
+            return KerasStep(model, name[: -len("_step")], function is builtin_fn)
         return None
     qualname = getattr(fn, "__qualname__", "") or ""
     if trainer is not None and qualname.endswith(_KERAS3_PREDICT_STEP):
@@ -183,7 +185,12 @@ def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
         return None
     model = cells["model"].cell_contents
     method = f"{kind}_step"
-    return KerasStep(model, kind, getattr(type(model), method) is getattr(training.Model, method))
+    return KerasStep(
+        model,
+        kind,
+        getattr(type(model), method) is getattr(training.Model, method),
+        keras3=False,
+    )
 
 
 # --------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from tensorflow.python.distribute import values as _values
 
 __all__ = [
     "MirroredExtended",
+    "UpdateHookExtended",
     "is_mirrored_variable",
     "select_replica",
     "update_context",
@@ -52,3 +53,32 @@ def update_context(replica_index: int) -> Any:
 def update_regroup(extended: Any, updates: Sequence[Any], group: bool) -> Any:
     """Per-device update results as `StrategyExtended.update` returns them."""
     return _distribute_utils.update_regroup(extended, list(updates), group)
+
+
+class UpdateHookExtended(MirroredExtended):  # type: ignore[misc,valid-type]
+    """TF's MirroredExtended whose variable updates go through a public hook.
+
+    `StrategyExtended.update` (how Keras's optimizer applies every gradient)
+    calls the private `_update`; this class sends it to
+    `update_variable(var, fn, args, kwargs, group, default=...)`, which a
+    subclass overrides; `default()` runs TF's own update.
+    """
+
+    def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
+        return self.update_variable(
+            var,
+            fn,
+            args,
+            kwargs,
+            group,
+            default=lambda: super(UpdateHookExtended, self)._update(
+                var, fn, args, kwargs, group
+            ),
+        )
+
+    def update_variable(
+        self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool, *, default: Any
+    ) -> Any:
+        """Updates `var` with `fn(var, *args, **kwargs)`; by default as TF does."""
+        del var, fn, args, kwargs, group
+        return default()

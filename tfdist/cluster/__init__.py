@@ -11,26 +11,19 @@
 back, for launchers. `to_cluster_resolver` adapts a config to the
 `tf.distribute.cluster_resolver.ClusterResolver` that TF strategies take.
 
-`make_local_cluster` and `LocalJob` (the engine of `python -m
-tfdist.launch`) run a cluster as local processes on 127.0.0.1;
-`cluster_from_hosts` and `tfjob_manifest` describe the same job for real
-hosts or Kubeflow.
+Running a cluster as local processes (`python -m tfdist.launch`) is
+`tfdist.launch`'s job.
 
-`spec`, `tf_config` and `launcher` import nothing from TensorFlow;
-`resolver` does.
+`spec` and `tf_config` import nothing from TensorFlow; `resolver` does, and
+is imported on first use of `to_cluster_resolver` (PEP 562), so importing
+this package does not import TensorFlow.
 """
 
 from __future__ import annotations
 
-from tfdist.cluster.launcher import JobOutcome
-from tfdist.cluster.launcher import JobResult
-from tfdist.cluster.launcher import LocalJob
-from tfdist.cluster.launcher import TaskResult
-from tfdist.cluster.launcher import cluster_from_hosts
-from tfdist.cluster.launcher import make_local_cluster
-from tfdist.cluster.launcher import run_local_job
-from tfdist.cluster.launcher import tfjob_manifest
-from tfdist.cluster.resolver import to_cluster_resolver
+from typing import TYPE_CHECKING
+from typing import Any
+
 from tfdist.cluster.spec import DEFAULT_RPC_LAYER
 from tfdist.cluster.spec import TASK_TYPES
 from tfdist.cluster.spec import Address
@@ -41,6 +34,9 @@ from tfdist.cluster.spec import TaskType
 from tfdist.cluster.tf_config import TF_CONFIG_ENV_VAR
 from tfdist.cluster.tf_config import parse_tf_config
 
+if TYPE_CHECKING:  # Imported on first use: see __getattr__.
+    from tfdist.cluster.resolver import to_cluster_resolver
+
 __all__ = [
     "DEFAULT_RPC_LAYER",
     "TASK_TYPES",
@@ -48,16 +44,18 @@ __all__ = [
     "Address",
     "ClusterConfig",
     "ClusterSpec",
-    "JobOutcome",
-    "JobResult",
-    "LocalJob",
-    "TaskResult",
     "TaskSpec",
     "TaskType",
-    "cluster_from_hosts",
-    "make_local_cluster",
     "parse_tf_config",
-    "run_local_job",
-    "tfjob_manifest",
     "to_cluster_resolver",
 ]
+
+
+def __getattr__(name: str) -> Any:  # Any: the type of the name asked for.
+    """Imports `to_cluster_resolver` (and TensorFlow) on first access."""
+    if name == "to_cluster_resolver":
+        from tfdist.cluster import resolver
+
+        globals()[name] = resolver.to_cluster_resolver
+        return resolver.to_cluster_resolver
+    raise AttributeError(f"module 'tfdist.cluster' has no attribute {name!r}")

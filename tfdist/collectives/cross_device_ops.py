@@ -98,7 +98,7 @@ def check_options(
     return algorithm, bucket_bytes, compression
 
 
-class AllReduce(tf.distribute.CrossDeviceOps):
+class AllReduce(cross_device.GatheringCrossDeviceOps):  # type: ignore[misc]
     """In-process all-reduce with bucketing, compression and sparse support.
 
     Pass it as `cross_device_ops` to `tf.distribute.MirroredStrategy`, or let
@@ -164,6 +164,11 @@ class AllReduce(tf.distribute.CrossDeviceOps):
         )
 
     @property
+    def results_needed(self) -> str:
+        """"all", or "first" when only the first device's result is used."""
+        return "first" if self._reduce_only else "all"
+
+    @property
     def algorithm(self) -> str:
         """The configured algorithm name ("auto" chooses per bucket)."""
         return self._algorithm
@@ -213,14 +218,13 @@ class AllReduce(tf.distribute.CrossDeviceOps):
                 reduce_op, pairs, options
             )
         per_device = [list(value.values) for value, _ in pairs]
-        results = self._all_reduce(reduce_op, per_device, devices)
+        results = self._reduce_per_device(reduce_op, per_device, devices)
         return [cross_device.make_mirrored(result) for result in results]
 
-    def _gather_implementation(
+    def gather_implementation(
         self, per_replica_value: Any, destinations: Any, axis: int, options: Any
     ) -> Any:
-        # TF's private hook behind strategy.gather and
-        # ReplicaContext.all_gather; the public base raises NotImplementedError.
+        # Behind strategy.gather and ReplicaContext.all_gather.
         values = list(per_replica_value.values)
         sources = [v.device for v in values]
         devices = cross_device.destination_devices(destinations, per_replica_value)
@@ -237,7 +241,7 @@ class AllReduce(tf.distribute.CrossDeviceOps):
 
     # -- implementation ------------------------------------------------------
 
-    def _all_reduce(
+    def _reduce_per_device(
         self,
         reduce_op: tf.distribute.ReduceOp,
         per_value: list[list[Any]],

@@ -82,6 +82,7 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
             algorithm, bucket_bytes, compression
         )
         self._local = cross_device_ops.AllReduce(algorithm, bucket_bytes=None)
+        self._local_devices = cross_device.canonical_devices(devices)
         self._num_workers = num_workers
         self._cross = cross_device.CollectiveAllReduce(
             devices=list(devices[:1]),
@@ -126,7 +127,7 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
 
     def _takes_fast_path(self, pairs: list[tuple[Any, Any]]) -> bool:
         devices = cross_device_ops.common_all_reduce_devices(pairs)
-        if devices is None or tuple(devices) != tuple(self._devices):
+        if devices is None or tuple(devices) != self._local_devices:
             return False
         for value, _ in pairs:
             first = value.values[0]
@@ -141,7 +142,7 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         self, reduce_op: Any, pairs: list[tuple[Any, Any]], options: Any
     ) -> list[Any]:
         reduce_op = cross_device_ops.as_reduce_op(reduce_op)
-        devices = list(self._devices)
+        devices = list(self._local_devices)
         per_value = [[tf.convert_to_tensor(c) for c in value.values] for value, _ in pairs]
         shapes = [tuple(v[0].shape.as_list()) for v in per_value]
         dtypes = [v[0].dtype for v in per_value]
@@ -189,7 +190,9 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
                     axis=0,
                 )
             if reduce_op == tf.distribute.ReduceOp.MEAN:
-                total = total / tf.cast(self._group_size, total.dtype)
+                total = total / tf.cast(
+                    self._num_workers * len(self._local_devices), total.dtype
+                )
         return [total] + [_algorithms.send(total, first, d, None) for d in devices[1:]]
 
 

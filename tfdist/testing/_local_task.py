@@ -3,8 +3,8 @@
     python /path/to/tfdist/testing/_local_task.py CALL_FILE RESULT_DIR TASK
 
 It is run as a script, not with `-m`, so that a task whose function needs
-no TensorFlow does not import it (importing any `tfdist` module imports
-TensorFlow through `tfdist/__init__.py`).
+no TensorFlow does not import it (`-m` would import `tfdist.testing`,
+which imports TensorFlow).
 
 - CALL_FILE holds two pickles: a header of plain data (the parent's
   `sys.path`, the function's module, qualified name and, for `__main__`,

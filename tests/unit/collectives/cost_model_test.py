@@ -135,7 +135,7 @@ class CalibrationTest(tf.test.TestCase):
     def test_calibration_measures_finite_non_negative_constants_once(self):
         devices = ["/device:CPU:0", "/device:CPU:1"]
         model = cost_model.CostModel()
-        first = model.constants_for(devices)
+        first = model.constants_for(devices, 8 << 20)  # The 4-16 MiB range.
         self.assertEqual(set(first), {"ring", "tree", "reduce_to_one"})
         for constants in first.values():
             self.assertTrue(math.isfinite(constants.alpha_s))
@@ -146,7 +146,7 @@ class CalibrationTest(tf.test.TestCase):
             max(c.beta_s_per_byte for c in first.values()), 0.0
         )
         # Cached: a second call reuses the measurement instead of re-timing.
-        self.assertEqual(model.constants_for(devices), first)
+        self.assertEqual(model.constants_for(devices, 8 << 20), first)
         # Packing (a concat per device) is measured too; copying 16 MiB
         # takes some time per byte on any machine.
         pack = model.pack_constants_for(devices, 16 << 20)

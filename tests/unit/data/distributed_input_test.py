@@ -2,7 +2,10 @@
 
 `strategy.distribute_datasets_from_function` hands consecutive batches of
 the one input pipeline to the replicas in order; each replica must receive
-exactly the shard the sharder computes for it.
+exactly the shard the sharder's documented rule gives it. Without shuffling
+that rule is written out here by hand: step k, replica r gets positions
+k*B + r*b .. k*B + r*b + b - 1, and the last step's M real examples are
+split as evenly as possible, the first replicas taking one more.
 """
 
 from __future__ import annotations
@@ -84,14 +87,30 @@ class MirroredStrategyTest(tf.test.TestCase, parameterized.TestCase):
     def test_each_replica_receives_its_shard(self, num_replicas):
         strategy = self._strategy(num_replicas)
         dist_dataset = strategy.distribute_datasets_from_function(
-            _make_dataset_fn()
+            _make_dataset_fn(shuffle=False)
         )
         received = _received(strategy, dist_dataset)
-        expected = _expected_replica_batches(num_replicas, epoch=0)
-        self.assertLen(received, len(expected))
-        for got_step, expected_step in zip(received, expected):
-            for got, want in zip(got_step, expected_step):
-                self.assertAllEqual(got, want)
+        per_replica = _GLOBAL_BATCH_SIZE // num_replicas
+        tail = _NUM_ELEMENTS % _GLOBAL_BATCH_SIZE  # 6 real examples.
+        tail_sizes = [
+            tail // num_replicas + (r < tail % num_replicas) for r in range(num_replicas)
+        ]
+        expected_ids = [
+            [list(range(k * _GLOBAL_BATCH_SIZE + r * per_replica,
+                        k * _GLOBAL_BATCH_SIZE + (r + 1) * per_replica))
+             for r in range(num_replicas)]
+            for k in range(_NUM_ELEMENTS // _GLOBAL_BATCH_SIZE)
+        ] + [
+            [list(range(16 + sum(tail_sizes[:r]), 16 + sum(tail_sizes[: r + 1])))
+             for r in range(num_replicas)]
+        ]
+        self.assertLen(received, len(expected_ids))
+        for got_step, want_step in zip(received, expected_ids):
+            for (ids, targets, weights), want in zip(got_step, want_step):
+                real = weights != 0
+                self.assertEqual(ids[real].tolist(), want)
+                self.assertEqual(targets[real].tolist(), [10 * i for i in want])
+                self.assertLen(ids, per_replica)
         # 22 examples in steps of 8: the last step's 6 real examples are
         # weighted 8 / 6, so every step's weights sum to the global batch.
         for step in received:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import tfdist
 from tfdist import errors
 from tfdist.data import sharding
+from tests.unit.data import shard_testlib
 
 # Each example writes a few files and builds a few small pipelines.
 _SETTINGS = hypothesis.settings(
@@ -95,23 +96,6 @@ def _real_ids(batches: list[Any]) -> np.ndarray:
     return ids[weights > 0]
 
 
-def _step_weights(
-    outputs: list[list[Any]], local_replicas: int
-) -> list[np.ndarray]:
-    """Each global step's weights over all pipelines and replicas."""
-    num_steps = len(outputs[0]) // local_replicas
-    return [
-        np.concatenate(
-            [
-                b[2]
-                for batches in outputs
-                for b in batches[k * local_replicas : (k + 1) * local_replicas]
-            ]
-        )
-        for k in range(num_steps)
-    ]
-
-
 class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
     @_SETTINGS
     @hypothesis.given(
@@ -145,7 +129,7 @@ class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertAllEqual(y, x * 10)
                 self.assertAllEqual(x[w == 0], np.zeros_like(x[w == 0]))
         global_batch_size = num_pipelines * local_replicas * batch
-        for weights in _step_weights(outputs, local_replicas):
+        for weights in shard_testlib.step_weights(shard_testlib.global_steps(outputs, local_replicas)):
             real = weights[weights != 0]
             self.assertNotEmpty(real)  # No step is padding everywhere.
             self.assertAllEqual(
@@ -167,7 +151,7 @@ class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
         outputs = _pipeline_outputs(
             files, 2, 1, 2, shuffle=False, policy="file"
         )
-        weights = _step_weights(outputs, local_replicas=1)
+        weights = shard_testlib.step_weights(shard_testlib.global_steps(outputs, 1))
         self.assertLen(weights, 3)
         self.assertAllEqual(weights[0], [1, 1, 1, 1])
         third = np.float32(4) / np.float32(3)
@@ -185,7 +169,7 @@ class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
             policy="file",
             normalize_padded_loss=False,
         )
-        weights = np.concatenate(_step_weights(outputs, local_replicas=1))
+        weights = np.concatenate(shard_testlib.step_weights(shard_testlib.global_steps(outputs, 1)))
         self.assertAllInSet(weights, [0.0, 1.0])
         self.assertEqual(float(weights.sum()), 9)
 

@@ -247,6 +247,26 @@ class FileShardTest(parameterized.TestCase):
             int(sizes.min()),
         )
 
+    @_SETTINGS
+    @hypothesis.given(
+        counts=st.lists(st.integers(0, 20), min_size=1, max_size=12),
+        num_shards=st.integers(1, 5),
+    )
+    def test_min_shard_size_is_reached_by_some_deal(self, counts, num_shards):
+        # The bound is tight: deal the smallest files to the last shard,
+        # which gets len(counts) // num_shards files in a round robin.
+        hypothesis.assume(len(counts) >= num_shards)
+        per_shard = len(counts) // num_shards
+        ascending = sorted(counts)
+        order = ascending[per_shard:]
+        last = num_shards - 1
+        for i, count in enumerate(ascending[:per_shard]):
+            order.insert(last + i * num_shards, count)
+        sizes = _plan.round_robin_shard_sizes(np.array(order, np.int64), num_shards)
+        self.assertEqual(
+            _plan.min_round_robin_shard_size(counts, num_shards), int(sizes.min())
+        )
+
     @parameterized.named_parameters(
         dict(testcase_name="pad_uses_largest", drop=False, expected=3),
         dict(testcase_name="drop_uses_smallest", drop=True, expected=1),

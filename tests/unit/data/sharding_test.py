@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import tfdist
 from tfdist import errors
 from tfdist.data import sharding
+from tests.unit.data import shard_testlib
 
 # Each example builds and reads a few small tf.data pipelines (~0.3 s each
 # on 2 cores); a handful of examples per property keeps the file near 30 s.
@@ -55,31 +56,18 @@ def _global_steps(
     """One iteration of every pipeline, as steps[k][global replica]."""
     num_pipelines, local_replicas, batch = layout
     num_replicas = num_pipelines * local_replicas
-    per_pipeline = []
-    for pipeline_id in range(num_pipelines):
-        context = tf.distribute.InputContext(
-            num_pipelines, pipeline_id, num_replicas
-        )
-        batches = _one_iteration(
+    per_pipeline = [
+        _one_iteration(
             sharding.shard(
                 source,
-                context,
+                tf.distribute.InputContext(num_pipelines, pipeline_id, num_replicas),
                 global_batch_size=num_replicas * batch,
                 **kwargs,
             )
         )
-        per_pipeline.append(
-            [
-                batches[k : k + local_replicas]
-                for k in range(0, len(batches), local_replicas)
-            ]
-        )
-    num_steps = {len(steps) for steps in per_pipeline}
-    assert len(num_steps) == 1, f"pipelines disagree on steps: {num_steps}"
-    return [
-        [b for steps in per_pipeline for b in steps[k]]
-        for k in range(num_steps.pop())
+        for pipeline_id in range(num_pipelines)
     ]
+    return shard_testlib.global_steps(per_pipeline, local_replicas)
 
 
 def _ids_and_weights(steps: list[list[Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -92,11 +80,6 @@ def _ids_and_weights(steps: list[list[Any]]) -> tuple[np.ndarray, np.ndarray]:
 def _real_order(steps: list[list[Any]]) -> np.ndarray:
     ids, weights = _ids_and_weights(steps)
     return ids[weights > 0]
-
-
-def _step_weights(steps: list[list[Any]]) -> list[np.ndarray]:
-    """Each global step's weights over all replicas, in replica order."""
-    return [np.concatenate([b[2] for b in step]) for step in steps]
 
 
 def _expected_real_per_step(num_elements: int, global_batch_size: int):
@@ -136,7 +119,7 @@ class ExactlyOnceTest(tf.test.TestCase, parameterized.TestCase):
         # Weights: B / M_k on the M_k real examples of step k, exactly 0 on
         # padding, so every step's weights sum to the global batch.
         expected_real = _expected_real_per_step(num_elements, global_batch_size)
-        for weights, num_real in zip(_step_weights(steps), expected_real):
+        for weights, num_real in zip(shard_testlib.step_weights(steps), expected_real):
             self.assertEqual(weights.dtype, np.float32)
             real = weights[weights != 0]
             self.assertLen(real, num_real)
@@ -492,7 +475,7 @@ class InputKindsTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(_ids_and_weights(many), _ids_and_weights(one))
         global_batch_size = num_pipelines * local_replicas * batch
         for weights, num_real in zip(
-            _step_weights(many),
+            shard_testlib.step_weights(many),
             _expected_real_per_step(num_elements, global_batch_size),
         ):
             self.assertAllEqual(

@@ -24,9 +24,12 @@ class ConstructionTest(tf.test.TestCase, parameterized.TestCase):
     def test_cpu_devices_default_to_update_once_and_reduce_only(self):
         strategy = tfdist.MirroredStrategy(DEVICES[:2])
         self.assertTrue(strategy.update_once_on_host)
+        self.assertEqual(strategy.cross_device_ops.results_needed, "first")
 
     def test_single_device_does_not_use_update_once(self):
-        self.assertFalse(tfdist.MirroredStrategy(DEVICES[:1]).update_once_on_host)
+        strategy = tfdist.MirroredStrategy(DEVICES[:1])
+        self.assertFalse(strategy.update_once_on_host)
+        self.assertEqual(strategy.cross_device_ops.results_needed, "all")
 
     @parameterized.named_parameters(
         {"testcase_name": "unknown_algorithm", "kwargs": {"all_reduce": "allgather"},

@@ -1,4 +1,4 @@
-"""Checks BUILD against the source tree (STYLE.md §9) and the layering (§1).
+"""Checks BUILD against the source tree and the layering of ARCHITECTURE.md.
 
 BUILD is parsed with Python's `ast` (BUILD syntax is a Python subset) and
 compared with the files on disk; imports are read with tools/build_gen.py's
@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import importlib
 import importlib.util
 import io
 import os
@@ -59,17 +60,17 @@ build_gen = _load_build_gen(ROOT)
 
 
 # --------------------------------------------------------------------------
-# The layering rules of STYLE.md §1, as data. Amend here when the design does.
+# The layering rules of ARCHITECTURE.md, as data. Amend both when the design does.
 
 #: Layer of each group; a module may import modules of its own group or of a
 #: strictly lower layer. A group is a subpackage (`cluster`), a top-level
-#: module (`launch` for tfdist/launch.py) or `__init__` (tfdist/__init__.py).
+#: module (`devices` for tfdist/devices.py) or `__init__` (tfdist/__init__.py).
 LAYERS: dict[str, int] = {
     "errors": 0,
     "_internal": 1,  # "may be imported by any tfdist module".
     "cluster": 2,
     "placement": 2,
-    "launch": 2,  # tfdist/launch.py, the local launcher: sits with cluster.
+    "launch": 2,  # The local launcher: runs clusters, sits with cluster.
     "collectives": 3,
     "data": 3,
     "watchdog": 3,  # Bounded waits of multi-task jobs: cluster + _internal.
@@ -84,7 +85,7 @@ LAYERS: dict[str, int] = {
 TOP_LEVEL_MODULE_LAYER = 3
 
 #: (importer group, imported group) pairs allowed within one layer.
-#: tfdist/launch.py imports only errors, _internal and cluster.
+#: tfdist/launch/ imports only errors, _internal and cluster.
 SAME_LAYER_IMPORTS = frozenset({("launch", "cluster")})
 
 #: Files (or directories, ending in "/") that must import without TensorFlow,
@@ -93,14 +94,15 @@ NO_TENSORFLOW = (
     "tfdist/cluster/spec.py",
     "tfdist/cluster/tf_config.py",
     "tfdist/placement/",
-    "tfdist/errors.py",  # DESIGN.md: the errors layer imports no TensorFlow.
+    "tfdist/errors.py",  # ARCHITECTURE.md: the errors layer imports no TensorFlow.
+    "tfdist/launch/",  # `tfdist-launch --help` must not wait for TensorFlow.
 )
 
 #: Third-party modules that count as "TensorFlow" for NO_TENSORFLOW.
 TENSORFLOW_MODULES = ("keras", "tensorflow", "tf_keras")
 
 #: Private modules of TensorFlow/Keras, and the only files (or directories,
-#: ending in "/") of tfdist/ and examples/ that may import them (STYLE.md §1).
+#: ending in "/") of tfdist/ and examples/ that may import them (ARCHITECTURE.md).
 PRIVATE_UPSTREAM = {
     "tensorflow.python": ("tfdist/_internal/",),
     "tensorflow.core": ("tfdist/_internal/",),
@@ -390,7 +392,7 @@ class BuildFileTest(absltest.TestCase):
 
 
 # --------------------------------------------------------------------------
-# Layering (STYLE.md §1).
+# Layering (ARCHITECTURE.md).
 
 
 class LayeringTest(absltest.TestCase):
@@ -441,7 +443,7 @@ class LayeringTest(absltest.TestCase):
                         ),
                         f"{source.path} ({group}, layer {layer}) imports "
                         f"{module} ({imported_group}, layer {imported_layer})"
-                        "; STYLE.md §1 allows only lower layers",
+                        "; ARCHITECTURE.md allows only lower layers",
                     )
 
     def test_pure_python_modules_import_no_tensorflow_even_transitively(self):
@@ -531,6 +533,96 @@ class LayeringTest(absltest.TestCase):
                                     f"{path}:{node.lineno} imports {name};"
                                     f" only {allowed} may",
                                 )
+
+
+class PrivateUpstreamAttributeTest(absltest.TestCase):
+    """Outside tfdist/_internal/, no module touches TF's or Keras's private names.
+
+    Imports are covered by LayeringTest; this covers attributes: reaching
+    into another object (`obj._x`), reading an attribute a TF base class set
+    (`self._devices`), and overriding a TF method that is private
+    (`def _update`). tfdist's own private names are fine.
+    """
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.trees = {
+            path: ast.parse((ROOT / path).read_text(encoding="utf-8"))
+            for path in sorted(build_gen.read_tree(ROOT))
+            if path.startswith("tfdist/") and not path.startswith("tfdist/_internal/")
+        }
+        cls.own_names = set()  # Private names tfdist itself defines anywhere.
+        for tree in cls.trees.values():
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    cls.own_names.add(node.name)
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    cls.own_names.add(node.attr)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    cls.own_names.add(node.id)
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    cls.own_names.add(node.target.id)
+
+    def test_no_reach_into_other_objects_private_attributes(self):
+        for path, tree in self.trees.items():
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                    continue
+                base = node.value
+                if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                    continue
+                if (
+                    isinstance(base, ast.Call)
+                    and isinstance(base.func, ast.Name)
+                    and base.func.id == "super"
+                ):
+                    continue
+                with self.subTest(path=path, line=node.lineno):
+                    self.fail(f"{path}:{node.lineno}: {ast.unparse(node)} reaches a private attribute")
+
+    def test_private_attributes_of_self_are_tfdist_own(self):
+        for path, tree in self.trees.items():
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and _is_private(node.attr)
+                    and node.attr not in self.own_names
+                ):
+                    with self.subTest(path=path, line=node.lineno):
+                        self.fail(
+                            f"{path}:{node.lineno}: {ast.unparse(node)} uses "
+                            f"{node.attr}, which tfdist never defines: an "
+                            "upstream private attribute; reach it in "
+                            "tfdist/_internal/"
+                        )
+
+    def test_classes_override_no_private_upstream_methods(self):
+        for path in self.trees:
+            module_name = path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+            module = importlib.import_module(module_name)
+            for cls in vars(module).values():
+                if not (isinstance(cls, type) and cls.__module__ == module_name):
+                    continue
+                upstream = [
+                    base for base in cls.__mro__[1:]
+                    if base.__module__.split(".")[0] in TENSORFLOW_MODULES
+                ]
+                for name in vars(cls):
+                    if not _is_private(name):
+                        continue
+                    owners = [b.__qualname__ for b in upstream if name in vars(b)]
+                    with self.subTest(cls=cls.__qualname__, name=name):
+                        self.assertEqual(
+                            owners, [],
+                            f"{module_name}.{cls.__qualname__} overrides {name} "
+                            f"of {owners}; override it in tfdist/_internal/",
+                        )
+
+
+def _is_private(name: str) -> bool:
+    """Single-underscore names, but not Python's own machinery (`_abc_impl`)."""
+    return name.startswith("_") and not name.startswith("__") and name != "_abc_impl"
 
 
 # --------------------------------------------------------------------------

@@ -1,15 +1,16 @@
-"""`python -m tfdist.launch`: runs a TF_CONFIG job as local processes.
+"""The `tfdist-launch` command line (`python -m tfdist.launch`).
 
     python -m tfdist.launch --workers 2 --ps 1 -- python -u train.py --steps 10
     tfdist-launch --workers 2 --print-tf-config --hosts h0:2222,h1:2222
     tfdist-launch --workers 4 --chief --emit tfjob --image me/train:1 -- \\
         python train.py
 
-A thin command line over `tfdist.cluster.run_local_job`,
-`tfdist.cluster.cluster_from_hosts` and `tfdist.cluster.tfjob_manifest`;
-see `tfdist/cluster/launcher.py` for the supervision rules. Exit statuses:
-0 success, 1 a task failed, 2 bad arguments, 124 timeout, 128+N stopped by
-signal N (130 for Ctrl-C).
+A thin command line over `restart.run_local_job`, `hosts.cluster_from_hosts`
+and `tfjob.tfjob_manifest`; see `supervisor` for the supervision rules.
+Exit statuses: 0 success, 1 a task failed, 2 bad arguments, 124 timeout,
+128+N stopped by signal N (130 for Ctrl-C).
+
+This module imports nothing from TensorFlow, so `--help` is instant.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from typing import NoReturn
 from typing import TextIO
 
 from tfdist import errors
-from tfdist.cluster import launcher
 from tfdist.cluster import spec
+from tfdist.launch import hosts as hosts_lib
+from tfdist.launch import job
+from tfdist.launch import restart
+from tfdist.launch import supervisor
+from tfdist.launch import tfjob
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -37,26 +42,46 @@ _PROG = "tfdist-launch"
 _EXIT_USAGE = 2
 _USAGE = f"""\
 {_PROG} --workers N [--ps M] [--chief] [--evaluator]
-                     [--restarts K] [--timeout-s T] [--grace-period-s S]
-                     -- COMMAND [ARG ...]
+                     [--restarts K] [--worker-restarts K] [--timeout-s T]
+                     [--grace-period-s S] [--no-isolate] -- COMMAND [ARG ...]
        {_PROG} --workers N [...] --print-tf-config --hosts H:P,H:P,... \
 [-- COMMAND ...]
        {_PROG} --workers N [...] --emit tfjob [--name NAME] [--image IMAGE]
-                     [--restarts K] [--timeout-s T] -- COMMAND [ARG ...]"""
+                     [--restarts K] [--timeout-s T] [--no-network-policy]
+                     -- COMMAND [ARG ...]"""
 _DESCRIPTION = """\
-Runs COMMAND once per task of a TF_CONFIG cluster on 127.0.0.1 (free ports),
-each task with its own TF_CONFIG, and prefixes every output line with the task
-("[worker:1] ..."). The job succeeds when every chief/worker task exits 0; ps
-and evaluator tasks are then stopped. When a task exits non-zero the others
-are stopped. SIGINT/SIGTERM are forwarded to every task. Python tasks buffer
-piped output: use `python -u` to see lines as they are printed."""
+Runs COMMAND once per task of a TF_CONFIG cluster on this machine (addresses
+127.0.0.1:<free port>), each task with its own TF_CONFIG, and prefixes every
+output line with the task ("[worker:1] ..."). SIGINT/SIGTERM are forwarded to
+every task. Python tasks buffer piped output: use `python -u` to see lines as
+they are printed.
+
+multi-worker jobs (no --ps): the job succeeds when every chief/worker task
+exits 0; an evaluator still running is then stopped. When a task exits
+non-zero the others are stopped and the job fails.
+
+parameter-server jobs (--ps M, which needs --chief): the chief runs the
+training script; worker and ps tasks serve until the job ends. The job
+succeeds when the chief exits 0, and the serving tasks are then stopped. A
+worker that exits non-zero (or is killed) is restarted alone, with the same
+TF_CONFIG and port, up to --worker-restarts times, while the chief carries on.
+The chief, a ps task or the evaluator exiting non-zero, or a worker beyond its
+restarts, fails the job.
+
+network: TensorFlow's servers listen on every interface (*:PORT), whatever
+the address in TF_CONFIG, and let anyone who reaches them run code. So on
+Linux all tasks run in one private network namespace, whose only interface is
+its own loopback: they reach each other, nothing outside the job reaches them,
+and they reach nothing outside it (no downloads, no network file systems).
+Where the OS does not allow that, the launcher says so and runs them on the
+host's network. --no-isolate does that on purpose: then firewall the ports."""
 _EPILOG = f"""\
 exit status: 0 success, 1 a task failed, 2 bad arguments, 124 --timeout-s
 exceeded, 128+N stopped by signal N (130 for Ctrl-C).
 
 examples:
   {_PROG} --workers 2 -- python -u train.py --epochs 3
-  {_PROG} --workers 2 --ps 1 --restarts 2 --timeout-s 600 -- python -u ps.py
+  {_PROG} --chief --workers 2 --ps 2 --restarts 1 -- python -u train_ps.py
   {_PROG} --workers 2 --chief --print-tf-config \
 --hosts 10.0.0.1:2222,10.0.0.2:2222,10.0.0.3:2222
   {_PROG} --workers 4 --emit tfjob --image registry/me/train:1 -- python train.py
@@ -163,8 +188,18 @@ def _build_parser(out: TextIO) -> _Parser:
         "--restarts",
         type=_count_type("--restarts", 0, "2"),
         metavar="K",
-        help="relaunch the whole job on fresh ports after a task fails, up "
-        "to K times (default 0; with --emit: the TFJob's backoffLimit)",
+        help="relaunch the whole job on fresh ports after it fails, up to K "
+        "times (default 0; with --emit: the TFJob's backoffLimit)",
+    )
+    run.add_argument(
+        "--worker-restarts",
+        type=_count_type("--worker-restarts", 0, "3"),
+        metavar="K",
+        help="parameter-server jobs only: restart a worker task that exits "
+        "non-zero, alone and with the same TF_CONFIG and port, up to K times "
+        "per worker, before its exit fails the job (default "
+        f"{supervisor.DEFAULT_WORKER_RESTARTS}); --restarts then relaunches "
+        "the whole job",
     )
     run.add_argument(
         "--timeout-s",
@@ -179,7 +214,14 @@ def _build_parser(out: TextIO) -> _Parser:
         type=_seconds_type("--grace-period-s"),
         metavar="S",
         help="seconds a stopped task has to exit before SIGKILL (default "
-        f"{launcher.DEFAULT_GRACE_PERIOD_S:g})",
+        f"{supervisor.DEFAULT_GRACE_PERIOD_S:g})",
+    )
+    run.add_argument(
+        "--no-isolate",
+        action="store_true",
+        help="run the tasks on this host's network, reachable on every "
+        "interface, instead of in a private network namespace (for tasks "
+        "that need the network: downloads, remote storage)",
     )
     real = parser.add_argument_group("describing a real cluster")
     real.add_argument(
@@ -200,12 +242,18 @@ def _build_parser(out: TextIO) -> _Parser:
     )
     real.add_argument(
         "--name",
-        help=f"TFJob name (with --emit; default {launcher.DEFAULT_TFJOB_NAME})",
+        help=f"TFJob name (with --emit; default {tfjob.DEFAULT_TFJOB_NAME})",
+    )
+    real.add_argument(
+        "--no-network-policy",
+        action="store_true",
+        help="with --emit: leave out the NetworkPolicy that admits traffic "
+        "to the job's pods only from the job's own pods",
     )
     real.add_argument(
         "--image",
         help="container image with TensorFlow, tfdist and the script (with "
-        f"--emit; default {launcher.DEFAULT_TFJOB_IMAGE})",
+        f"--emit; default {tfjob.DEFAULT_TFJOB_IMAGE})",
     )
     return parser
 
@@ -239,11 +287,44 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
                     f"{flag} {value} does not apply to --print-tf-config, "
                     f"which launches nothing. Drop {flag}."
                 )
+    if args.ps and not args.chief:
+        raise _UsageError(
+            f"--ps {args.ps} makes this a parameter-server job, whose chief "
+            "runs the training script (TensorFlow's ParameterServerStrategy "
+            "coordinates from it), but there is no --chief. Add --chief, or "
+            "drop --ps for a multi-worker job."
+        )
+    if args.worker_restarts is not None:
+        if not args.ps:
+            raise _UsageError(
+                f"--worker-restarts {args.worker_restarts} only applies to "
+                "parameter-server jobs (--ps M --chief); in a multi-worker "
+                "job a failed task fails the job. Use --restarts to relaunch "
+                "the whole job, or add --ps."
+            )
+        if args.print_tf_config or args.emit:
+            raise _UsageError(
+                f"--worker-restarts {args.worker_restarts} does not apply to "
+                "--print-tf-config or --emit tfjob, which launch nothing "
+                "(Kubeflow restarts failed pods itself). Drop "
+                "--worker-restarts."
+            )
+    if args.no_isolate and (args.print_tf_config or args.emit):
+        mode = "--print-tf-config" if args.print_tf_config else "--emit tfjob"
+        raise _UsageError(
+            f"--no-isolate does not apply to {mode}, which launches nothing. "
+            "Drop --no-isolate."
+        )
     if not args.emit:
-        for flag, value in (("--name", args.name), ("--image", args.image)):
+        for flag, value in (
+            ("--name", args.name),
+            ("--image", args.image),
+            ("--no-network-policy", args.no_network_policy or None),
+        ):
             if value is not None:
+                shown = "" if value is True else f" {value!r}"
                 raise _UsageError(
-                    f"{flag} {value!r} only applies to --emit tfjob. Add "
+                    f"{flag}{shown} only applies to --emit tfjob. Add "
                     f"--emit tfjob, or drop {flag}."
                 )
     elif args.grace_period_s is not None:
@@ -258,18 +339,22 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
         )
 
 
+def _shape(args: argparse.Namespace) -> job.JobShape:
+    return job.JobShape(
+        args.workers,
+        num_ps=args.ps,
+        has_chief=args.chief,
+        has_evaluator=args.evaluator,
+    )
+
+
 def _print_tf_configs(
     args: argparse.Namespace, command: Sequence[str], out: TextIO
 ) -> None:
     hosts = [h.strip() for h in args.hosts.split(",")]
+    shape = _shape(args)
     try:
-        cluster = launcher.cluster_from_hosts(
-            hosts,
-            num_workers=args.workers,
-            num_ps=args.ps,
-            has_chief=args.chief,
-            has_evaluator=args.evaluator,
-        )
+        cluster = hosts_lib.cluster_from_hosts(hosts, shape)
     except errors.LauncherError as e:
         raise _UsageError(f"--hosts {args.hosts!r}: {e}") from e
     for task in cluster.tasks():
@@ -325,33 +410,34 @@ def run_cli(
             return 0
         if args.emit:
             out.write(
-                launcher.tfjob_manifest(
+                tfjob.tfjob_manifest(
                     command,
-                    num_workers=args.workers,
-                    num_ps=args.ps,
-                    has_chief=args.chief,
-                    has_evaluator=args.evaluator,
-                    name=args.name or launcher.DEFAULT_TFJOB_NAME,
-                    image=args.image or launcher.DEFAULT_TFJOB_IMAGE,
+                    _shape(args),
+                    name=args.name or tfjob.DEFAULT_TFJOB_NAME,
+                    image=args.image or tfjob.DEFAULT_TFJOB_IMAGE,
                     restarts=args.restarts,
                     timeout_s=args.timeout_s,
+                    network_policy=not args.no_network_policy,
                 )
             )
             out.flush()
             return 0
         env = dict(os.environ)  # The tasks inherit this process's environment.
-        result = launcher.run_local_job(
+        result = restart.run_local_job(
             command,
-            num_workers=args.workers,
-            num_ps=args.ps,
-            has_chief=args.chief,
-            has_evaluator=args.evaluator,
+            _shape(args),
             env=env,
             restarts=args.restarts or 0,
+            worker_restarts=(
+                supervisor.DEFAULT_WORKER_RESTARTS
+                if args.worker_restarts is None
+                else args.worker_restarts
+            ),
             timeout_s=args.timeout_s,
             grace_period_s=(
-                args.grace_period_s or launcher.DEFAULT_GRACE_PERIOD_S
+                args.grace_period_s or supervisor.DEFAULT_GRACE_PERIOD_S
             ),
+            isolate=False if args.no_isolate else None,
             forward_signals=True,
             stdout=out,
             stderr=err,
@@ -365,7 +451,3 @@ def run_cli(
     err.write(f"{_PROG}: {result.describe()}\n")
     err.flush()
     return result.exit_status
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli())

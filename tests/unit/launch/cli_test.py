@@ -17,7 +17,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -25,84 +24,43 @@ import yaml
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from tests.unit.launch import programs
 from tfdist import launch
-from tfdist.cluster import spec
 from tfdist.cluster import tf_config
+from tfdist.launch import cli
 
-# Far above what any job here needs: catches hangs, not slow machines.
-_BOUND_S = 60.0
-
-# Prints TF_CONFIG. The chief exits only after the ps and evaluator tasks
-# have printed theirs (each closes its FIFO in argv[1] after printing), since
-# the job stops those tasks as soon as the chief and workers are done.
-_PRINT_TF_CONFIG_ALL = (
-    "import json, os, sys\n"
-    "print(os.environ['TF_CONFIG'], flush=True)\n"
-    "kind = json.loads(os.environ['TF_CONFIG'])['task']['type']\n"
-    "if kind in ('ps', 'evaluator'):\n"
-    "    open(os.path.join(sys.argv[1], kind), 'w').close()\n"
-    "elif kind == 'chief':\n"
-    "    for other in ('ps', 'evaluator'):\n"
-    "        open(os.path.join(sys.argv[1], other)).read()\n"
-)
-
-
-def _make_fifos(test: absltest.TestCase) -> str:
-    """A directory holding the FIFOs `ps` and `evaluator`."""
-    directory = test.create_tempdir().full_path
-    for name in ("ps", "evaluator"):
-        os.mkfifo(os.path.join(directory, name))
-    return directory
-
-
-_BLOCK_FOREVER = "import threading; threading.Event().wait()"
+# Flags for a job with a task of every type: 5 tasks.
+_EVERY_TASK_TYPE = ("--workers", "2", "--ps", "1", "--chief", "--evaluator")
+_EVERY_TASK_NAME = ("chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0")
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    status = launch.run_cli(list(argv), stdout=out, stderr=err)
+    status = cli.run_cli(list(argv), stdout=out, stderr=err)
     return status, out.getvalue(), err.getvalue()
-
-
-def _python(code: str, *args: str) -> tuple[str, ...]:
-    return (sys.executable, "-c", code, *args)
-
-
-def _tf_configs(out: str) -> dict[str, spec.ClusterConfig]:
-    """Parses `[task] {TF_CONFIG}` lines into task name -> config."""
-    configs = {}
-    for line in out.splitlines():
-        prefix, text = line.split(" ", 1)
-        configs[prefix.strip("[]")] = tf_config.parse_tf_config(text)
-    return configs
 
 
 class LaunchTest(parameterized.TestCase):
     def test_every_task_gets_its_own_tf_config_with_prefix(self):
         status, out, err = _cli(
-            "--workers",
-            "2",
-            "--ps",
-            "1",
-            "--chief",
-            "--evaluator",
+            *_EVERY_TASK_TYPE,
             "--",
-            *_python(_PRINT_TF_CONFIG_ALL, _make_fifos(self)),
+            *programs.python(
+                programs.PRINT_TF_CONFIG_ALL,
+                programs.make_fifos(self, *_EVERY_TASK_NAME),
+            ),
         )
 
         self.assertEqual(status, 0, err)
-        configs = _tf_configs(out)
-        self.assertCountEqual(
-            configs,
-            ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"],
-        )
+        configs = programs.prefixed_tf_configs(out)
+        self.assertCountEqual(configs, _EVERY_TASK_NAME)
         (cluster,) = {config.cluster for config in configs.values()}
         for name, config in configs.items():
             self.assertIsNotNone(config.task)
             self.assertEqual(config.task.name, name)
         for address in cluster.to_dict()["worker"]:
             self.assertStartsWith(address, "127.0.0.1:")
-        self.assertIn("tfdist-launch: all 3 chief/worker task(s) exited 0", err)
+        self.assertIn("tfdist-launch: the chief exited 0", err)
 
     def test_failing_task_named_with_exit_code_and_others_stopped(self):
         code = (
@@ -113,7 +71,7 @@ class LaunchTest(parameterized.TestCase):
         )
         started_s = time.monotonic()
 
-        status, _, err = _cli("--workers", "3", "--", *_python(code))
+        status, _, err = _cli("--workers", "3", "--", *programs.python(code))
 
         self.assertEqual(status, 1)
         self.assertIn(
@@ -121,28 +79,19 @@ class LaunchTest(parameterized.TestCase):
             "other 2 task(s): worker:0, worker:2.",
             err,
         )
-        self.assertLess(time.monotonic() - started_s, _BOUND_S)
+        self.assertLess(time.monotonic() - started_s, programs.JOB_BOUND_S)
 
     def test_restarts_relaunch_after_first_failure(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            marker = os.path.join(tmp, "failed-once")
-            code = (
-                "import sys\n"
-                "try:\n"
-                "    open(sys.argv[1], 'x').close()\n"
-                "except FileExistsError:\n"
-                "    sys.exit(0)\n"
-                "sys.exit(3)\n"
-            )
+        marker = os.path.join(self.create_tempdir().full_path, "failed-once")
 
-            status, _, err = _cli(
-                "--workers",
-                "1",
-                "--restarts",
-                "1",
-                "--",
-                *_python(code, marker),
-            )
+        status, _, err = _cli(
+            "--workers",
+            "1",
+            "--restarts",
+            "1",
+            "--",
+            *programs.python(programs.FAIL_ONCE, marker),
+        )
 
         self.assertEqual(status, 0, err)
         self.assertIn(
@@ -161,19 +110,81 @@ class LaunchTest(parameterized.TestCase):
             "--grace-period-s",
             "1",
             "--",
-            *_python(_BLOCK_FOREVER),
+            *programs.python(programs.BLOCK_FOREVER),
         )
 
         self.assertEqual(status, 124)
         self.assertIn("ran past timeout_s=0.5", err)
         self.assertIn("worker:0, worker:1", err)
-        self.assertLess(time.monotonic() - started_s, _BOUND_S)
+        self.assertLess(time.monotonic() - started_s, programs.JOB_BOUND_S)
 
     def test_missing_program_is_a_usage_error(self):
         status, _, err = _cli("--workers", "1", "--", "/nonexistent/prog")
 
         self.assertEqual(status, 2)
         self.assertIn("cannot start task worker:0", err)
+
+
+class ParameterServerLaunchTest(parameterized.TestCase):
+    """`--chief --workers 2 --ps 2`: the chief's exit ends the job."""
+
+    def _cli(
+        self, codes: dict[str, str] | None = None, *flags: str
+    ) -> tuple[int, str]:
+        names = ("chief:0", "worker:0", "worker:1", "ps:0", "ps:1")
+        fifos = programs.make_fifos(self, *names)
+        marker = os.path.join(self.create_tempdir().full_path, "died")
+        code = programs.parameter_server_job(codes)
+        status, _, err = _cli(
+            "--chief", "--workers", "2", "--ps", "2", *flags,
+            "--", *programs.python(code, fifos, marker),
+        )  # fmt: skip
+        return status, err
+
+    def test_chief_exit_0_ends_the_job_with_status_0(self):
+        status, err = self._cli()
+
+        self.assertEqual(status, 0, err)
+        self.assertIn("tfdist-launch: the chief exited 0 in", err)
+        self.assertIn("stopped the 4 task(s) still serving", err)
+
+    def test_dead_worker_is_restarted_alone(self):
+        status, err = self._cli(
+            {
+                "worker:0": programs.die_once(programs.EXIT_1),
+            }
+        )
+
+        self.assertEqual(status, 0, err)
+        self.assertIn("task worker:0 exited with code 1; restarting it", err)
+        self.assertNotIn("restart 1/", err)  # The job was not relaunched.
+
+    def test_no_worker_restarts_fails_the_job_at_the_first_death(self):
+        status, err = self._cli(
+            {
+                "worker:0": programs.die_once(programs.EXIT_1),
+            },
+            "--worker-restarts",
+            "0",
+        )
+
+        self.assertEqual(status, 1)
+        self.assertIn("tfdist-launch: task worker:0 exited with code 1;", err)
+
+    def test_dead_ps_relaunches_the_whole_job_with_restarts(self):
+        status, err = self._cli(
+            {
+                "ps:1": programs.die_once(programs.EXIT_1),
+            },
+            "--restarts",
+            "1",
+        )
+
+        self.assertEqual(status, 0, err)
+        self.assertIn(
+            "tfdist-launch: restart 1/1: task ps:1 exited with code 1", err
+        )
+        self.assertNotIn("restarting it alone", err)
 
 
 class PrintTfConfigTest(parameterized.TestCase):
@@ -184,12 +195,7 @@ class PrintTfConfigTest(parameterized.TestCase):
     def test_every_printed_tf_config_parses(self, command):
         hosts = "c:2222,w0:2222,w1:2222,p:2222,e:2222"
         argv = [
-            "--workers",
-            "2",
-            "--ps",
-            "1",
-            "--chief",
-            "--evaluator",
+            *_EVERY_TASK_TYPE,
             "--print-tf-config",
             "--hosts",
             hosts,
@@ -241,7 +247,8 @@ class EmitTfjobTest(parameterized.TestCase):
         )
 
         self.assertEqual(status, 0, err)
-        manifest = yaml.safe_load(out)
+        manifest, policy = yaml.safe_load_all(out)
+        self.assertEqual(policy["kind"], "NetworkPolicy")
         self.assertEqual(manifest["kind"], "TFJob")
         self.assertEqual(manifest["metadata"]["name"], "train-job")
         self.assertEqual(manifest["spec"]["runPolicy"]["backoffLimit"], 2)
@@ -254,6 +261,17 @@ class EmitTfjobTest(parameterized.TestCase):
         self.assertEqual(container["image"], "me/train:1")
         self.assertEqual(
             container["command"], ["python", "train.py", "--steps", "10"]
+        )
+
+    def test_no_network_policy_leaves_the_policy_out(self):
+        status, out, err = _cli(
+            "--workers", "2", "--emit", "tfjob", "--no-network-policy",
+            "--", "python", "train.py",
+        )  # fmt: skip
+
+        self.assertEqual(status, 0, err)
+        self.assertEqual(
+            [d["kind"] for d in yaml.safe_load_all(out)], ["TFJob"]
         )
 
 
@@ -302,11 +320,12 @@ class BadArgumentsTest(parameterized.TestCase):
                 "2",
                 "--ps",
                 "1",
+                "--chief",
                 "--print-tf-config",
                 "--hosts",
                 "a:1,b:1",
             ],
-            r"hosts lists 2 address\(es\) but the job has 3 task\(s\)",
+            r"hosts lists 2 address\(es\) but the job has 4 task\(s\)",
         ),
         (
             "bad_host_port",
@@ -357,6 +376,61 @@ class BadArgumentsTest(parameterized.TestCase):
             r"--restarts 1 does not apply to --print-tf-config",
         ),
         (
+            "ps_without_chief",
+            ["--workers", "2", "--ps", "1", "--", "x"],
+            r"--ps 1 makes this a parameter-server job, .* Add --chief",
+        ),
+        (
+            "worker_restarts_without_ps",
+            ["--workers", "2", "--worker-restarts", "2", "--", "x"],
+            r"--worker-restarts 2 only applies to parameter-server jobs",
+        ),
+        (
+            "worker_restarts_with_emit",
+            [
+                "--workers",
+                "1",
+                "--ps",
+                "1",
+                "--chief",
+                "--worker-restarts",
+                "1",
+                "--emit",
+                "tfjob",
+                "--",
+                "x",
+            ],
+            r"--worker-restarts 1 does not apply to --print-tf-config or "
+            r"--emit tfjob",
+        ),
+        (
+            "negative_worker_restarts",
+            ["--workers", "1", "--worker-restarts", "-1", "--", "x"],
+            r"expected an integer >= 0, received --worker-restarts '-1'",
+        ),
+        (
+            "no_isolate_with_emit",
+            ["--workers", "1", "--no-isolate", "--emit", "tfjob", "--", "x"],
+            r"--no-isolate does not apply to --emit tfjob",
+        ),
+        (
+            "no_isolate_with_print",
+            [
+                "--workers",
+                "1",
+                "--no-isolate",
+                "--print-tf-config",
+                "--hosts",
+                "a:1",
+            ],
+            r"--no-isolate does not apply to --print-tf-config",
+        ),
+        (
+            "network_policy_without_emit",
+            ["--workers", "1", "--no-network-policy", "--", "x"],
+            r"--no-network-policy only applies to --emit tfjob",
+        ),
+        (
             "unknown_emit",
             ["--workers", "1", "--emit", "pod", "--", "x"],
             r"invalid choice: 'pod'",
@@ -390,6 +464,12 @@ class BadArgumentsTest(parameterized.TestCase):
         self.assertEqual(status, 0)
         self.assertIn("usage: tfdist-launch --workers N", out)
         self.assertIn("--print-tf-config", out)
+        self.assertIn("--no-isolate", out)
+        self.assertIn("--worker-restarts K", out)
+        self.assertIn(
+            "parameter-server jobs (--ps M, which needs --chief)", out
+        )
+        self.assertIn("one private network namespace", out)
 
 
 def _read_lines(stream, lines: queue.Queue) -> None:
@@ -400,11 +480,6 @@ def _read_lines(stream, lines: queue.Queue) -> None:
 
 class LauncherProcessTest(parameterized.TestCase):
     def test_sigint_is_forwarded_and_every_task_exits(self):
-        code = (
-            "import os, threading\n"
-            "print('ready', os.getpid(), flush=True)\n"
-            "threading.Event().wait()\n"
-        )
         launcher_process = subprocess.Popen(
             [
                 sys.executable,
@@ -415,7 +490,7 @@ class LauncherProcessTest(parameterized.TestCase):
                 "--grace-period-s",
                 "5",
                 "--",
-                *_python(code),
+                *programs.python(programs.READY_THEN_BLOCK),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -430,7 +505,7 @@ class LauncherProcessTest(parameterized.TestCase):
         ).start()
         pids = []
         while len(pids) < 2:
-            line = lines.get(timeout=_BOUND_S)
+            line = lines.get(timeout=programs.JOB_BOUND_S)
             self.assertIsNotNone(line, "launcher exited before tasks ran")
             match = re.match(r"\[worker:\d\] ready (\d+)", line)
             if match:
@@ -439,7 +514,7 @@ class LauncherProcessTest(parameterized.TestCase):
         self.addCleanup(lambda: [os.close(fd) for fd in pidfds])
 
         launcher_process.send_signal(signal.SIGINT)
-        status = launcher_process.wait(timeout=_BOUND_S)
+        status = launcher_process.wait(timeout=programs.JOB_BOUND_S)
 
         self.assertEqual(status, 130)
         self.assertIn(
@@ -460,6 +535,7 @@ class LauncherProcessTest(parameterized.TestCase):
         (script,) = scripts
         self.assertEqual(script.value, "tfdist.launch:run_cli")
         self.assertIs(script.load(), launch.run_cli)
+        self.assertIs(launch.run_cli, cli.run_cli)
 
 
 if __name__ == "__main__":
