@@ -6,10 +6,18 @@ distinctive names, so every node of a layer's call, and every gradient op
 the tape made for it ("gradient_tape/<its call scope>/..."), can be told
 apart. The stages skip /cpu:0 (the host and TF's default device), so an op
 that fell back to the default would show.
+
+The same graphs show that the schedule can overlap: with the send and
+receive pairs joining the partitions into one dataflow graph, no forward
+op of the first stage (either microbatch's) depends on an op of a later
+stage, so TF's executor can run the second microbatch's first stage while
+the later stages work on the first (GPipe's pipelining; whether that gains
+time depends on free cores, see benchmarks/placement.py).
 """
 
 from __future__ import annotations
 
+import collections
 import re
 
 import numpy as np
@@ -75,6 +83,7 @@ class OpPlacementTest(tf.test.TestCase):
         )
         metadata = context.context().export_run_metadata()
         context.context().disable_run_metadata()
+        cls.partition_graphs = list(metadata.partition_graphs)
         cls.nodes = [
             (node.name, node.op, _short(node.device))
             for graph in metadata.partition_graphs
@@ -133,6 +142,61 @@ class OpPlacementTest(tf.test.TestCase):
         self.assertNotEmpty(self.update_sources)
         received = [u for u in self.update_sources if u[2] == "_Recv"]
         self.assertEmpty(received)
+
+    def test_first_stage_forward_depends_on_no_later_stage(self):
+        nodes, parents = _dataflow(self.partition_graphs)
+        # Serialized microbatches would make the second microbatch's
+        # forward on stage "alpha" wait for the first one's later stages.
+        forward = [
+            key for key, (name, op, _) in nodes.items()
+            if _layer_of(name) == "alpha" and "gradient_tape" not in name and op in COMPUTE_OPS
+        ]
+        self.assertGreaterEqual(len(forward), 2)  # One per microbatch at least.
+
+        def of_later_stages(keys):
+            return sorted(nodes[k][0] for k in keys if _layer_of(nodes[k][0]) in ("bravo", "charlie", "delta"))
+
+        for key in forward:
+            with self.subTest(op=nodes[key][0]):
+                self.assertEmpty(of_later_stages(_ancestors([key], parents)))
+        # Control: the updates on alpha's device (only alpha's variables
+        # live there) need the gradients that flow back through the later
+        # stages.
+        updates = [
+            key for key, (_, op, device) in nodes.items()
+            if op.startswith(("Assign", "ResourceApply")) and device == LAYER_DEVICES["alpha"]
+        ]
+        self.assertNotEmpty(updates)
+        self.assertNotEmpty(of_later_stages(_ancestors(updates, parents)))
+
+
+def _dataflow(graphs):
+    """`({node key: (name, op, device)}, {node key: parent keys})` over all partitions."""
+    nodes, parents = {}, collections.defaultdict(set)
+    sends, receives = {}, collections.defaultdict(list)
+    for index, graph in enumerate(graphs):
+        for node in graph.node:
+            key = (index, node.name)
+            nodes[key] = (node.name, node.op, _short(node.device))
+            parents[key].update((index, i.lstrip("^").split(":")[0]) for i in node.input)
+            if node.op == "_Send":
+                sends[node.attr["tensor_name"].s] = key
+            elif node.op == "_Recv":
+                receives[node.attr["tensor_name"].s].append(key)
+    for tensor_name, send in sends.items():
+        for receive in receives[tensor_name]:
+            parents[receive].add(send)
+    return nodes, parents
+
+
+def _ancestors(keys, parents):
+    seen, stack = set(), list(keys)
+    while stack:
+        for parent in parents[stack.pop()]:
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
 
 
 if __name__ == "__main__":
