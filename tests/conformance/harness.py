@@ -68,6 +68,9 @@ def make_strategy(contender: str) -> tf.distribute.Strategy:
         return tf.distribute.MirroredStrategy(DEVICES)
     if contender == "tfdist":
         return tfdist.MirroredStrategy(DEVICES)
+    if contender == "tfdist_layer_placement":
+        # Stages over the same logical CPUs, 4 microbatches a step.
+        return tfdist.LayerPlacementStrategy(DEVICES, num_microbatches=NUM_REPLICAS)
     if contender == "tf_multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if contender == "tfdist_multi_worker":
