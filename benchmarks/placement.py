@@ -20,6 +20,15 @@ column.
 A speed-up needs S free cores: on a machine with fewer, or with other
 load, the stages share cores and the figures say so. Prints a markdown
 table and the exact command.
+
+    TF_CPU_ALLOCATOR_USE_BFC=true python benchmarks/placement.py --workload=rematerialize
+
+The memory effect of `rematerialize=True`: S blocks, each a Sequential of
+`layers_per_stage` Dense(width, relu) layers (a top-level layer whose
+inner activations rematerialization drops), trained with and without it;
+the peak bytes the CPU allocator held during `steps` steps after the
+first (TF reports them only with its BFC allocator on CPU, hence the
+variable; all logical CPUs share that one allocator), and the step time.
 """
 
 from __future__ import annotations
@@ -33,6 +42,11 @@ from collections.abc import Sequence
 from absl import app
 from absl import flags
 
+_WORKLOAD = flags.DEFINE_enum(
+    "workload", "pipeline", ["pipeline", "rematerialize"],
+    "pipeline: speed-up over M vs GPipe's ideal; rematerialize: peak memory "
+    "and step time with and without rematerialize=True.",
+)
 _NUM_STAGES = flags.DEFINE_list("num_stages", ["2", "4"], "Stage counts S.")
 _NUM_MICROBATCHES = flags.DEFINE_list(
     "num_microbatches", ["1", "2", "4", "8"], "Microbatch counts M."
@@ -53,6 +67,74 @@ def _epoch_s(model, dataset, steps: int) -> float:
     start = time.perf_counter()
     model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
     return time.perf_counter() - start
+
+
+def _print_table(columns: Sequence[str], rows: Sequence[str]) -> None:
+    """The load after the run, a markdown table of `rows`, the command."""
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print("\n| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    print("\n".join(rows))
+    print("\ncommand: python " + " ".join(sys.argv))
+
+
+def _rematerialize(stage_counts, microbatch_counts, dataset) -> None:
+    import tensorflow as tf  # noqa: PLC0415
+    import tfdist  # noqa: PLC0415
+
+    width, steps = _WIDTH.value, _STEPS.value
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")
+    except ValueError as e:
+        raise app.UsageError(
+            "peak memory on CPU needs TF's BFC allocator: run with "
+            "TF_CPU_ALLOCATOR_USE_BFC=true in the environment"
+        ) from e
+
+    def build(num_blocks: int):
+        tf.keras.utils.set_random_seed(0)
+        blocks = [
+            tf.keras.Sequential(
+                [tf.keras.layers.Dense(width, activation="relu")
+                 for _ in range(_LAYERS_PER_STAGE.value)],
+                name=f"block{i}",
+            )
+            for i in range(num_blocks)
+        ]
+        model = tf.keras.Sequential([tf.keras.Input((width,)), *blocks])
+        model.compile(optimizer=tf.keras.optimizers.SGD(1e-4), loss="mse")
+        return model
+
+    rows = []
+    for stages in stage_counts:
+        for m in microbatch_counts:
+            peaks, times = {}, {}
+            for rematerialize in (False, True):
+                strategy = tfdist.LayerPlacementStrategy(
+                    [f"/cpu:{i}" for i in range(stages)],
+                    num_microbatches=m,
+                    rematerialize=rematerialize,
+                )
+                with strategy.scope():
+                    model = build(stages)
+                _epoch_s(model, dataset, 1)  # Traces, places.
+                tf.config.experimental.reset_memory_stats("CPU:0")
+                held = tf.config.experimental.get_memory_info("CPU:0")["current"]
+                times[rematerialize] = _epoch_s(model, dataset, steps) / steps
+                peaks[rematerialize] = (
+                    tf.config.experimental.get_memory_info("CPU:0")["peak"] - held
+                )
+            rows.append(
+                f"| {stages} | {m} | {peaks[False] / 2**20:.1f} | {peaks[True] / 2**20:.1f} "
+                f"| {peaks[True] / peaks[False]:.2f} | {1e3 * times[False]:.1f} "
+                f"| {1e3 * times[True]:.1f} | {times[True] / times[False]:.2f} |"
+            )
+            print(rows[-1], flush=True)
+    _print_table(
+        ("stages S", "microbatches M", "step peak (MiB)", "with rematerialize", "ratio",
+         "step (ms)", "with rematerialize", "ratio"),
+        rows,
+    )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -84,6 +166,9 @@ def main(argv: Sequence[str]) -> None:
         return model
 
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    if _WORKLOAD.value == "rematerialize":
+        _rematerialize(stage_counts, microbatch_counts, dataset)
+        return
     rows = []
     for stages in stage_counts:
         num_layers = stages * _LAYERS_PER_STAGE.value
@@ -114,12 +199,11 @@ def main(argv: Sequence[str]) -> None:
                 f"| {100 * speedup / ideal:.0f} % | {step_s['one device'] / step_s[m]:.2f} |"
             )
             print(rows[-1], flush=True)
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-    print("\n| stages S | microbatches M | step (ms) | speed-up over first M | GPipe ideal "
-          "S·M/(M+S−1) | efficiency | speed-up over one device |")
-    print("|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    print("\ncommand: python " + " ".join(sys.argv))
+    _print_table(
+        ("stages S", "microbatches M", "step (ms)", "speed-up over first M",
+         "GPipe ideal S·M/(M+S−1)", "efficiency", "speed-up over one device"),
+        rows,
+    )
 
 
 if __name__ == "__main__":
