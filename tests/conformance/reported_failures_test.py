@@ -170,14 +170,39 @@ class SmallEvaluationDataTest(harness.ConformanceTestCase):
         for key in ("loss", "val_loss", "val_accuracy"):
             self.assertAllClose(history[key], reference[key], rtol=1e-5, atol=1e-6, msg=key)
 
-    def test_an_unsplittable_training_batch_names_the_users_batch_size(self):
+    def test_a_batch_size_the_replicas_do_not_divide_trains_as_one_device(self):
+        # TF's distributed-training guide fits batch(10) on its replicas.
         x, y = _data()
-        model = _model(tfdist.MirroredStrategy(harness.DEVICES))[0]
-        with self.assertRaisesRegex(tfdist.errors.ConfigError, r"batch_size=30\b.*28 or 32"):
+
+        def fit(strategy):
+            model = _model(strategy)[0]
+            model.fit(x[:180], y[:180], batch_size=30, epochs=1, shuffle=False, verbose=0)
+            history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(30),
+                                epochs=1, verbose=0)  # 200 rows: a short tail.
+            return model.get_weights(), history.history["loss"]
+
+        weights, loss = fit(tfdist.MirroredStrategy(harness.DEVICES))
+        reference_weights, reference_loss = fit(_one_device())
+        self.assertAllClose(loss, reference_loss, rtol=1e-5, atol=1e-6)
+        for got, want in zip(weights, reference_weights):
+            self.assertAllClose(got, want, rtol=1e-5, atol=1e-6)
+
+    def test_an_overridden_train_step_on_such_a_batch_names_the_users_batch_size(self):
+        x, y = _data()
+        with tfdist.MirroredStrategy(harness.DEVICES).scope():
+            model = OwnTrainStepModel([
+                keras.Input((28, 28, 2)), keras.layers.Flatten(), keras.layers.Dense(10)])
+            model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        with self.assertRaisesRegex(tfdist.errors.ConfigError,
+                                    r"batch_size=30\b.*overrides train_step.*28 or 32"):
             model.fit(x[:180], y[:180], batch_size=30, epochs=1, verbose=0)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(30)  # 200 rows: a short tail.
-        with self.assertRaisesRegex(tfdist.errors.ConfigError, r"batch_size=30\b.*28 or 32"):
-            model.fit(dataset, epochs=1, verbose=0)
+
+
+class OwnTrainStepModel(keras.Sequential):
+    """A model whose `train_step` is the user's (here, Keras's body called)."""
+
+    def train_step(self, data):
+        return super().train_step(data)
 
 
 class ConstructorTest(harness.ConformanceTestCase):

@@ -15,7 +15,6 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import tfdist
-from tfdist import errors
 from tfdist.collectives import cross_device_ops
 from tfdist.testing import numerics
 
@@ -253,17 +252,20 @@ class CheckpointTest(tf.test.TestCase):
         )
 
 
-class UnevenBatchTest(tf.test.TestCase):
+class UnevenBatchTest(tf.test.TestCase, parameterized.TestCase):
 
-    def test_batch_not_divisible_by_replicas_raises_config_error_naming_sizes(self):
+    @parameterized.named_parameters(("sgd", "sgd"), ("adam", "adam"))
+    def test_batch_the_replicas_do_not_divide_matches_single_device(self, optimizer):
+        # 32 rows on 3 replicas: slices of 11, 11 and 10 every step.
         x, y = _data()
-        strategy = tfdist.MirroredStrategy(DEVICES[:3])
-        with strategy.scope():
-            model = _mlp_builder("sgd")()
-        with self.assertRaisesRegex(
-            errors.ConfigError, r"batch_size=32 .*num_replicas_in_sync=3.*30 or 33"
-        ):
-            model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        comparison = numerics.assert_matches_single_device(
+            _mlp_builder(optimizer), tfdist.MirroredStrategy(DEVICES[:3]), x, y,
+            global_batch_size=32, epochs=2, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
+        )
+        self.assertAllClose(
+            comparison.distributed_history["loss"], comparison.single_device_history["loss"],
+            rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
+        )
 
 
 if __name__ == "__main__":

@@ -132,11 +132,12 @@ class DistributedInputMixin:
         """`tf.distribute.Strategy.run`, with exact losses for Keras's `fit`.
 
         Runs `fn` on every replica as TF does. When `fn` is a training step
-        of Keras's `fit` (Keras 3 or tf-keras) on tfdist input, the input's
-        batch size is checked first (`ConfigError` if it does not split
-        evenly over the replicas), and Keras's own `train_step` gets a loss
-        factor per replica for uneven batches (see
-        `tfdist/input/train_weights.py`).
+        of Keras's `fit` (Keras 3 or tf-keras) on tfdist input, Keras's own
+        `train_step` gets a loss factor per replica, so that any global
+        batch (one the replicas do not divide included) trains as on one
+        device (see `tfdist/input/train_weights.py`); an overridden
+        `train_step` gets plain slices, and a batch size the replicas do not
+        divide raises `ConfigError` first.
         """
         step = keras_compat.keras_step(fn)
         if step is None or kwargs:
@@ -149,7 +150,7 @@ class DistributedInputMixin:
             # (train_on_batch and test_on_batch are right as Keras does
             # them: each replica's mean over the same rows, averaged.)
             args = (split.split_batch(args[0], self._input_layout(), None),)
-        if step.kind == "train":
+        if step.kind == "train" and not step.builtin:
             train_weights.check_training_batch(args, self.num_replicas_in_sync)
         if step.kind == "train" and step.builtin:
             fn, args = train_weights.with_exact_loss(fn, args, self.num_replicas_in_sync)
