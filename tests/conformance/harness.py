@@ -96,7 +96,9 @@ def make_strategy(
     strategy is built untouched.
 
     Args:
-      contender: One of `CONTENDERS`.
+      contender: One of `CONTENDERS`, or "tfdist_layer_placement" (the
+        model's layers over `DEVICES`; layer_placement_patterns_test.py), or
+        a multi-worker contender.
       cross_device_ops: TF's constructor argument, for tutorials that pass
         one (e.g. `tf.distribute.HierarchicalCopyAllReduce()`); given to TF's
         strategy and to tfdist's (which takes TF's arguments), not to one
@@ -121,6 +123,9 @@ def make_strategy(
             cls._collective_key_base = default_base
     if contender == "tfdist":
         return tfdist.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
+    if contender == "tfdist_layer_placement":
+        # Stages over the same logical CPUs, 4 microbatches a step.
+        return tfdist.LayerPlacementStrategy(DEVICES, num_microbatches=NUM_REPLICAS)
     if contender == "tf_multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if contender == "tfdist_multi_worker":

@@ -24,8 +24,12 @@ def _run(args, *, launcher_args=None):
     command = [sys.executable, "-u", _SCRIPT, "--epochs=1", "--steps=2", *args]
     if launcher_args is not None:
         command = [sys.executable, "-m", "tfdist.launch", *launcher_args, "--", *command]
+    # This checkout's tfdist, not whichever one is installed (a worktree's
+    # venv may hold another checkout's editable install).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT,
+        command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT, env=env,
     )
 
 
@@ -41,6 +45,16 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertEqual(result.returncode, 0, msg=result.stderr[-3000:])
         self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
         self.assertIn(f"replicas={replicas}", result.stdout)
+
+    def test_layer_placement_prints_the_placement_report(self):
+        result = _run(["--strategy=layer_placement", "--num_microbatches=2", "--model=deep_mlp"])
+        self.assertEqual(result.returncode, 0, msg=result.stderr[-3000:])
+        self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
+        self.assertIn("replicas=1", result.stdout)
+        # 9 layers over the 4 simulated CPUs: 4 stages, M = 2, bubble 3/5.
+        self.assertRegex(result.stdout, r"4 stage\(s\), balance_by='params', num_microbatches=2 \(GPipe bubble 60%")
+        for stage in range(4):
+            self.assertRegex(result.stdout, rf"\n  dense\S*  +/device:CPU:{stage}  stage {stage}\n")
 
     def test_multi_worker_runs_under_the_launcher(self):
         model_dir = self.create_tempdir().full_path
@@ -64,10 +78,14 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertIn("[worker:0] saved weights to", output)
         self.assertNotIn("[worker:1] saved weights", output)
 
-    def test_bad_flag_fails_at_parse_time(self):
-        result = _run(["--all_reduce=butterfly"])
+    @parameterized.named_parameters(
+        ("all_reduce", "--all_reduce=butterfly", "butterfly"),
+        ("num_microbatches", "--num_microbatches=0", "num_microbatches"),
+    )
+    def test_bad_flag_fails_at_parse_time(self, flag, named):
+        result = _run([flag])
         self.assertNotEqual(result.returncode, 0)
-        self.assertIn("butterfly", result.stderr)
+        self.assertIn(named, result.stderr)
 
 
 if __name__ == "__main__":

@@ -136,20 +136,7 @@ class SparseGradientTest(tf.test.TestCase):
         y = rng.integers(0, 2, NUM_EXAMPLES).astype("int32")
 
         def build():
-            keras.utils.set_random_seed(2)
-            model = keras.Sequential(
-                [
-                    keras.Input((5,), dtype="int32"),
-                    keras.layers.Embedding(50, 4),
-                    keras.layers.GlobalAveragePooling1D(),
-                    keras.layers.Dense(2),
-                ]
-            )
-            model.compile(
-                optimizer=keras.optimizers.SGD(0.5),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            )
-            return model
+            return tfdist.testing.small_embedding_classifier(keras.optimizers.SGD(0.5))
 
         # The embedding's gradient must reach the all-reduce as IndexedSlices
         # (rows only) and be gathered, not densified into a [50, 4] tensor.

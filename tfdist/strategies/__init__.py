@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from tfdist.strategies.layer_placement import LayerPlacementStrategy
 from tfdist.strategies.mirrored import MirroredStrategy
 from tfdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 
-__all__ = ["MirroredStrategy", "MultiWorkerMirroredStrategy"]
+__all__ = ["LayerPlacementStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy"]

@@ -1,7 +1,8 @@
 """Test helpers shipped with tfdist, so users can test their own models.
 
 Public API: `use_logical_cpus`, `main`, `assert_weights_close`,
-`assert_matches_single_device`, `run_local_cluster`, `small_classifier`.
+`assert_matches_single_device`, `run_local_cluster`, `small_classifier`,
+`small_embedding_classifier`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tfdist.testing.numerics import Comparison
 from tfdist.testing.numerics import assert_matches_single_device
 from tfdist.testing.numerics import assert_weights_close
 from tfdist.testing.models import small_classifier
+from tfdist.testing.models import small_embedding_classifier
 
 __all__ = [
     "Comparison",
@@ -21,5 +23,6 @@ __all__ = [
     "main",
     "run_local_cluster",
     "small_classifier",
+    "small_embedding_classifier",
     "use_logical_cpus",
 ]
