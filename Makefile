@@ -11,6 +11,11 @@ PY := $(VENV)/bin/python
 # Re-install only when setup.py changes; each stamp records the extras done.
 STAMP_DIR := $(VENV)/.tfdist-stamps
 PYTEST_FLAGS ?=
+# Test processes (pytest-xdist; a file's tests stay in one process). Most
+# tests leave a core idle (tracing, process start-up, waits on peers), so two
+# processes on two cores shorten the wall time; PYTEST_JOBS=0 runs serially.
+PYTEST_JOBS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
 # Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
 BAZEL_TEST_ARGS ?=
 
@@ -38,11 +43,11 @@ test: test-keras3 test-tfkeras lint
 
 # Every test, with Keras 3 as tf.keras.
 test-keras3: $(EXTRAS_TEST)
-	$(PY) -m pytest tests $(PYTEST_FLAGS)
+	$(PY) -m pytest tests $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 # Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1).
 test-tfkeras: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m model $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m model $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 lint: $(EXTRAS_TEST)
 	$(PY) -m mypy --ignore-missing-imports tfdist

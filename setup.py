@@ -31,6 +31,7 @@ setuptools.setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.2",
+            "pytest-xdist>=3.5",  # make test: two test processes (CONTRIBUTING.md).
             "portpicker>=1.6",
             "hypothesis>=6.100",
             "pyyaml>=6",

@@ -1,16 +1,19 @@
-"""Trains a small Keras MLP on scikit-learn's digits, data-parallel with tfdist.
+"""Trains a Keras MLP on scikit-learn's digits with tfdist: data- or model-parallel.
 
 A single-device Keras script plus the lines marked `# tfdist:`.
 
     python examples/digits.py                       # 4 simulated CPUs, tfdist ring/tree/auto
     python examples/digits.py --strategy=tf_mirrored  # TF's built-in, to compare
     python examples/digits.py --data_path=my.npz    # your own data: arrays x (N, F), y (N,)
+    python examples/digits.py --strategy=layer_placement --num_microbatches=4 --model=deep_mlp
+        # the layers over 4 CPUs, pipelined; prints where each layer went
     python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=multi_worker
     python -m tfdist.launch --chief --workers 2 --ps 2 -- python -u examples/digits.py \
         --strategy=parameter_server          # variables on 2 ps, steps on 2 workers
     python examples/digits.py --strategy=parameter_server  # the same, in-process cluster
 
-Prints Keras's progress bar, then per-epoch test accuracy and examples/s.
+Prints Keras's progress bar, then per-epoch test accuracy and examples/s
+(with --strategy=layer_placement also the placement report).
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ import tfdist
 
 _STRATEGY = flags.DEFINE_enum(
     "strategy", "mirrored",
-    ["mirrored", "multi_worker", "parameter_server", "tf_mirrored", "single"],
+    ["mirrored", "multi_worker", "parameter_server", "layer_placement", "tf_mirrored",
+     "single"],
     "mirrored: tfdist.MirroredStrategy; multi_worker: "
     "tfdist.MultiWorkerMirroredStrategy over the TF_CONFIG cluster; "
     "parameter_server: tfdist.ParameterServerStrategy (asynchronous) over "
     "the TF_CONFIG cluster (chief, workers, ps), or without TF_CONFIG an "
     "in-process cluster of 2 workers and 2 ps; "
+    "layer_placement: tfdist.LayerPlacementStrategy (the layers in stages "
+    "over the devices, --num_microbatches per step); "
     "tf_mirrored: tf.distribute's built-in MirroredStrategy; single: one "
     "device, no strategy.")
 _SIMULATE_CPU_DEVICES = flags.DEFINE_integer(
@@ -47,6 +53,14 @@ _ALL_REDUCE = flags.DEFINE_enum(
 _COMPRESSION = flags.DEFINE_enum(
     "compression", None, ["fp16", "bf16"],
     "Gradient wire format of tfdist strategies (default: float32).")
+_NUM_MICROBATCHES = flags.DEFINE_integer(
+    "num_microbatches", 4,
+    "Microbatches per step, M (--strategy=layer_placement): the stages idle "
+    "(S - 1) / (M + S - 1) of each step.", lower_bound=1)
+_MODEL = flags.DEFINE_enum(
+    "model", "mlp", ["mlp", "deep_mlp"],
+    "mlp: Dense 128-64; deep_mlp: 8 x Dense(512), enough work per layer "
+    "for --strategy=layer_placement to gain.")
 _GLOBAL_BATCH_SIZE = flags.DEFINE_integer(
     "global_batch_size", 64, "Batch size summed over all replicas.", lower_bound=1)
 _EPOCHS = flags.DEFINE_integer("epochs", 8, "Training epochs.", lower_bound=1)
@@ -70,6 +84,8 @@ class TrainConfig:
     simulate_cpu_devices: int = 4
     all_reduce: str = "auto"
     compression: str | None = None
+    num_microbatches: int = 4
+    model: str = "mlp"
     global_batch_size: int = 64
     epochs: int = 8
     steps: int | None = None
@@ -123,13 +139,13 @@ class Throughput(keras.callbacks.Callback):
               f"examples/s={rate:,.0f}", flush=True)
 
 
-def build_model(num_features: int, num_classes: int, learning_rate: float):
-    model = keras.Sequential([
-        keras.Input((num_features,)),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(num_classes),
-    ])
+def build_model(num_features: int, num_classes: int, learning_rate: float,
+                kind: str = "mlp"):
+    widths = [128, 64] if kind == "mlp" else [512] * 8
+    model = keras.Sequential(
+        [keras.Input((num_features,))]
+        + [keras.layers.Dense(width, activation="relu") for width in widths]
+        + [keras.layers.Dense(num_classes)])
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -160,6 +176,9 @@ def make_strategy(config: TrainConfig):
             cluster = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
         # tfdist: on worker and ps tasks this serves and never returns.
         return tfdist.ParameterServerStrategy(cluster)
+    if config.strategy == "layer_placement":
+        # tfdist: the layers in stages over all local devices, M microbatches a step.
+        return tfdist.LayerPlacementStrategy(num_microbatches=config.num_microbatches)
     # tfdist: all local devices.
     return tfdist.MirroredStrategy(all_reduce=config.all_reduce, compression=config.compression)
 
@@ -173,11 +192,11 @@ def train(config: TrainConfig) -> TrainResult:
     strategy = make_strategy(config)
     print(f"strategy={config.strategy} replicas={strategy.num_replicas_in_sync} "
           f"global_batch_size={config.global_batch_size}", flush=True)
-    # tfdist: variables created here are mirrored (on the ps tasks with
+    # tfdist: variables created here are distributed (on the ps tasks with
     # --strategy=parameter_server).
     with strategy.scope():
         model = build_model(x_train.shape[1], int(y_train.max()) + 1,
-                            config.learning_rate)
+                            config.learning_rate, config.model)
     throughput = Throughput(config.global_batch_size)
     callbacks: list[keras.callbacks.Callback] = [throughput]
     if config.model_dir:
@@ -187,8 +206,12 @@ def train(config: TrainConfig) -> TrainResult:
               validation_data=(x_test, y_test), callbacks=callbacks, verbose=2)
     _, accuracy = model.evaluate(x_test, y_test, batch_size=config.global_batch_size,
                                  verbose=0)
-    if config.model_dir:
-        model.save_weights(f"{config.model_dir}/digits.weights.h5")
+    if config.model_dir and strategy.extended.should_checkpoint:  # tfdist: chief only.
+        path = f"{config.model_dir}/digits.weights.h5"
+        model.save_weights(path)
+        print(f"saved weights to {path}", flush=True)
+    if config.strategy == "layer_placement":  # tfdist: where each layer ran.
+        print(strategy.placement_report(), flush=True)
     steady = throughput.rates[1:] or throughput.rates  # Epoch 1 includes tracing.
     result = TrainResult(float(accuracy), float(np.median(steady)),
                          strategy.num_replicas_in_sync)
@@ -206,6 +229,8 @@ def main(argv: Sequence[str]) -> None:
         simulate_cpu_devices=_SIMULATE_CPU_DEVICES.value,
         all_reduce=_ALL_REDUCE.value,
         compression=_COMPRESSION.value,
+        num_microbatches=_NUM_MICROBATCHES.value,
+        model=_MODEL.value,
         global_batch_size=_GLOBAL_BATCH_SIZE.value,
         epochs=_EPOCHS.value,
         steps=_STEPS.value,

@@ -1,6 +1,6 @@
 """Test-process set-up shared by every tier.
 
-- 4 logical CPUs before TensorFlow starts (STYLE.md section 7).
+- 4 logical CPUs before TensorFlow starts (CONTRIBUTING.md, "Tests").
 - absl flags marked parsed, so absltest helpers such as `create_tempdir`
   work under pytest as they do under `python file.py`.
 """

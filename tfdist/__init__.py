@@ -1,7 +1,7 @@
 """tfdist: custom tf.distribute strategies behind the standard Keras `fit`.
 
     import tfdist
-    strategy = tfdist.MirroredStrategy()
+    strategy = tfdist.MirroredStrategy()   # or LayerPlacementStrategy(num_microbatches=4)
     with strategy.scope():
         model = build_model()
         model.compile(...)
@@ -25,7 +25,7 @@ Glossary (the words every tfdist docstring uses, as in `tf.distribute`):
 
 `import tfdist` itself imports nothing: each subpackage and name is imported
 on first use, and only those that need TensorFlow import it (`tfdist.errors`,
-`tfdist.cluster` and `tfdist.launch` do not).
+`tfdist.cluster`, `tfdist.launch` and `tfdist.placement` do not).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist import data
     from tfdist import errors
     from tfdist import launch
+    from tfdist import placement
     from tfdist import testing
     from tfdist.collectives import AllReduce
     from tfdist.collectives import AutoAllReduce
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist.collectives import TreeAllReduce
     from tfdist.devices import local_devices
     from tfdist.devices import simulate_cpu_devices
+    from tfdist.strategies import LayerPlacementStrategy
     from tfdist.strategies import MirroredStrategy
     from tfdist.strategies import MultiWorkerMirroredStrategy
     from tfdist.strategies import ParameterServerStrategy
@@ -55,6 +57,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
 __all__ = [
     "AllReduce",
     "AutoAllReduce",
+    "LayerPlacementStrategy",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
@@ -67,6 +70,7 @@ __all__ = [
     "errors",
     "launch",
     "local_devices",
+    "placement",
     "simulate_cpu_devices",
     "testing",
 ]
@@ -77,7 +81,7 @@ __version__ = "0.1.0"
 # Nothing is imported until first used (PEP 562), so `import tfdist.cluster`
 # or `python -m tfdist.launch` does not wait seconds for TensorFlow.
 _SUBPACKAGES = frozenset(
-    {"cluster", "collectives", "data", "errors", "launch", "testing"}
+    {"cluster", "collectives", "data", "errors", "launch", "placement", "testing"}
 )
 _ATTRIBUTE_MODULES = {
     "AllReduce": "tfdist.collectives",
@@ -87,6 +91,7 @@ _ATTRIBUTE_MODULES = {
     "TreeAllReduce": "tfdist.collectives",
     "local_devices": "tfdist.devices",
     "simulate_cpu_devices": "tfdist.devices",
+    "LayerPlacementStrategy": "tfdist.strategies",
     "MirroredStrategy": "tfdist.strategies",
     "MultiWorkerMirroredStrategy": "tfdist.strategies",
     "ParameterServerStrategy": "tfdist.strategies",

@@ -11,6 +11,8 @@ Hierarchy::
      |    +-- ClusterConfigError                     bad TF_CONFIG / ClusterSpec
      |    +-- DeviceConfigError                      bad device list / count
      |    +-- LauncherError                          bad launcher arguments
+     |    +-- PlacementError                         a layer placement that
+     |                                               cannot apply to the model
      +-- CollectiveError(TfdistError, RuntimeError)  a collective failed
           +-- WorkerUnavailableError                 a peer task is lost
           +-- CollectiveTimeoutError                 a wait ran past timeout_s
@@ -28,6 +30,7 @@ __all__ = [
     "ConfigError",
     "DeviceConfigError",
     "LauncherError",
+    "PlacementError",
     "TfdistError",
     "WorkerUnavailableError",
 ]
@@ -73,6 +76,15 @@ class DeviceConfigError(ConfigError):
 
 class LauncherError(ConfigError):
     """The local launcher was given arguments it cannot run."""
+
+
+class PlacementError(ConfigError):
+    """A layer placement cannot be applied to the model it meets.
+
+    Raised when a strategy plans a model (at its first step, or when asked):
+    a placement map naming layers the model lacks, more stages than layers,
+    a step that cannot be split into microbatches.
+    """
 
 
 class CollectiveError(TfdistError, RuntimeError):

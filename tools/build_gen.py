@@ -7,7 +7,7 @@
 (`bazel run //:build_gen -- --check` works too.) Standard library only; any
 Python >= 3.10 runs it, no TensorFlow needed.
 
-What it generates (STYLE.md §9):
+What it generates (CONTRIBUTING.md, "BUILD and Bazel"):
 
 - `py_library` per part of the package, `srcs` listed explicitly and sorted:
   `tfdist/__init__.py` is `:tfdist`; each top-level module `tfdist/<m>.py` is
@@ -68,7 +68,7 @@ from typing import TextIO
 #: Top-level module names that are this repository's own code.
 FIRST_PARTY_ROOTS = ("examples", "tests", "tfdist")
 
-#: Tags a test may carry (STYLE.md §9).
+#: Tags a test may carry (CONTRIBUTING.md).
 ALLOWED_TAGS = ("gpu", "manual", "multiprocess", "slow")
 
 #: Bazel's test sizes, smallest first.
@@ -81,6 +81,7 @@ SIZE_BY_DIR = {
     "numerics": "medium",
     "integration": "large",
     "examples": "medium",
+    "conformance": "large",
 }
 
 #: Default test tags by directory under tests/ (longest matching prefix wins).
@@ -91,6 +92,7 @@ TAGS_BY_DIR: dict[str, tuple[str, ...]] = {
     "numerics": ("slow",),
     "examples": ("slow",),
     "integration": ("multiprocess", "slow"),
+    "conformance": ("slow",),
 }
 
 #: Directories left out of test target names (tests/unit/x/y_test.py: x_y_test).
@@ -113,7 +115,7 @@ HEADER = """\
 #   python tools/build_gen.py --check  # fail with a diff if this file is stale
 #
 # tests/unit/tooling/build_test.py runs the check. Layout and conventions:
-# STYLE.md §9; offline Bazel 4 set-up: WORKSPACE, .bazelrc.
+# CONTRIBUTING.md (BUILD and Bazel); offline Bazel 4 set-up: WORKSPACE, .bazelrc.
 """
 
 

@@ -21,14 +21,22 @@ Counting examples without changing a tutorial's loop: every image gets a
 second channel holding its example id, and `ExampleCounter`, placed before
 the tutorial's first layer, strips that channel and counts the ids it sees
 (training and inference apart) in sync-on-read variables. The tutorial's
-model is otherwise unchanged (its first layer sees one channel).
+model is otherwise unchanged (its first layer sees one channel). Models on
+flat features get the id as their last feature instead (`flat_images`,
+`with_ids`); the counter strips and counts it the same way. Keras's `fit`
+reports the training counts per epoch through `EpochCounts`; custom training
+loops through `PhaseCounts`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import os
-from collections.abc import Callable, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +51,8 @@ KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true"
 NUM_REPLICAS = 4
 DEVICES = [f"/cpu:{i}" for i in range(NUM_REPLICAS)]
 SEED = 7
+#: Examples `load_mnist_like` has (scikit-learn's digits): ids are below it.
+NUM_DIGITS = 1797
 CONTENDERS = ("one_device", "tf", "tfdist")
 
 #: Same examples, same order, same initial weights: the runs differ in how
@@ -56,33 +66,88 @@ ATOL = 1e-5
 NUM_WORKERS = 2
 CLUSTER_TIMEOUT_S = 180
 
+#: How far apart the collective keys of TF's strategies are (see `make_strategy`).
+TF_COLLECTIVE_KEY_STRIDE = 100_000
+_tf_key_bases = itertools.count(TF_COLLECTIVE_KEY_STRIDE, TF_COLLECTIVE_KEY_STRIDE)
 
-def make_strategy(contender: str) -> tf.distribute.Strategy:
-    """The contender's strategy, built as its tutorial builds TF's."""
+
+def new_tf_key_base() -> int:
+    """A collective key base that no TF strategy of this process has used."""
+    return next(_tf_key_bases)
+
+
+def make_strategy(
+    contender: str,
+    cross_device_ops: tf.distribute.CrossDeviceOps | None = None,
+    *,
+    tf_key_base: int | None = None,
+) -> tf.distribute.Strategy:
+    """The contender's strategy, built as its tutorial builds TF's.
+
+    TF's `MirroredStrategy` on CPUs all-reduces with collective ops whose
+    group keys start at 1 + its `_collective_key_base` (0) in every
+    instance, and TF's runtime remembers each (group, instance) key's shape
+    for the whole process: a second TF strategy whose collectives have other
+    shapes fails ("Shape mismatch in the collective instance 100"), and one
+    that failed mid-step can leave later ones aborted. `pytest tests` runs
+    every file in one process, so each TF strategy here gets keys of its own
+    (`tf_key_base`), as TF's own tests do
+    (tensorflow/python/distribute/strategy_combinations.py); tfdist's
+    strategy is built untouched.
+
+    Args:
+      contender: One of `CONTENDERS`, or "tfdist_layer_placement" (the
+        model's layers over `DEVICES`; layer_placement_patterns_test.py), or
+        a multi-worker contender.
+      cross_device_ops: TF's constructor argument, for tutorials that pass
+        one (e.g. `tf.distribute.HierarchicalCopyAllReduce()`); given to TF's
+        strategy and to tfdist's (which takes TF's arguments), not to one
+        device (which reduces nothing).
+      tf_key_base: For TF's strategy: its collective key base; `None` for a
+        new one. Strategies given the same base share keys, as any two TF
+        strategies of a fresh process do.
+    """
     if contender == "one_device":
         # A strategy, not none: Keras 3 then starts the same extra iterator
         # to build the model as with the others, so a reshuffling pipeline
         # gives every contender the same epochs.
         return tf.distribute.OneDeviceStrategy(DEVICES[0])
     if contender == "tf":
-        return tf.distribute.MirroredStrategy(DEVICES)
+        cls = tf.distribute.MirroredStrategy
+        default_base = cls._collective_key_base
+        # Read by the strategy's constructor only.
+        cls._collective_key_base = new_tf_key_base() if tf_key_base is None else tf_key_base
+        try:
+            return cls(DEVICES, cross_device_ops=cross_device_ops)
+        finally:
+            cls._collective_key_base = default_base
     if contender == "tfdist":
-        return tfdist.MirroredStrategy(DEVICES)
+        return tfdist.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
+    if contender == "tfdist_layer_placement":
+        # Stages over the same logical CPUs, 4 microbatches a step.
+        return tfdist.LayerPlacementStrategy(DEVICES, num_microbatches=NUM_REPLICAS)
     if contender == "tf_multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if contender == "tfdist_multi_worker":
-        return tfdist.MultiWorkerMirroredStrategy(timeout_s=60)
+        # TF's keywords, as a script written for TF's strategy passes them.
+        return tfdist.MultiWorkerMirroredStrategy(
+            cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                timeout_seconds=60),
+        )
     raise ValueError(f"unknown contender {contender!r}")
 
 
 def load_mnist_like(
-    num_train: int = 1440,
+    num_train: int = 1440, num_test: int | None = None
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """(train_images, train_labels), (test_images, test_labels), MNIST-shaped.
 
     Images are float32 in [0, 255] with shape (n, 28, 28, 2): channel 0 the
     digit, channel 1 the example's id (train: 0..n-1, test: continuing), so
-    `ExampleCounter` can count them. Labels are uint8 in 0..9.
+    `ExampleCounter` can count them. Labels are uint8 in 0..9. The test set
+    is the `num_test` digits after the training set (`None`: all the rest);
+    ids stay below `NUM_DIGITS` either way.
     """
     from sklearn import datasets  # Bundled data: no download.
 
@@ -95,10 +160,45 @@ def load_mnist_like(
     )
     with_ids = np.concatenate([images, ids], axis=-1)
     labels = digits.target.astype("uint8")
+    end = None if num_test is None else num_train + num_test
     return (with_ids[:num_train], labels[:num_train]), (
-        with_ids[num_train:],
-        labels[num_train:],
+        with_ids[num_train:end],
+        labels[num_train:end],
     )
+
+
+def flat_images(images: np.ndarray) -> np.ndarray:
+    """`load_mnist_like` images as models on `reshape(-1, 784)` get them.
+
+    Returns float32 of shape (n, 785): the 784 pixels of channel 0, then the
+    example's id (what `ExampleCounter` strips and counts).
+    """
+    pixels = images[..., 0].reshape(len(images), -1)
+    return np.concatenate([pixels, images[:, 0, 0, 1:]], axis=1)
+
+
+def with_ids(features: np.ndarray, first_id: int = 0) -> np.ndarray:
+    """`features` (n, k) with a last column of ids first_id .. first_id + n - 1."""
+    ids = np.arange(first_id, first_id + len(features), dtype=features.dtype)
+    return np.concatenate([features, ids[:, None]], axis=1)
+
+
+def local_rows(strategy: tf.distribute.Strategy, value: Any) -> Any:
+    """`value` (a nest of per-replica values) with each leaf's local results joined.
+
+    Each leaf becomes one numpy array: the replicas' rows concatenated in
+    replica order (stacked, for scalars), as one device would hold them.
+    Replicas without rows (TF pads a partial step with empty values whose
+    other dimensions may be 0 too) add nothing.
+    """
+
+    def join(leaf: Any) -> np.ndarray:
+        parts = [np.asarray(part) for part in strategy.experimental_local_results(leaf)]
+        if not parts[0].ndim:
+            return np.stack(parts)
+        return np.concatenate([part for part in parts if len(part)] or parts[:1])
+
+    return tf.nest.map_structure(join, value)
 
 
 class _Counts:
@@ -111,6 +211,9 @@ class _Counts:
 @keras.utils.register_keras_serializable(package="tfdist_conformance")
 class ExampleCounter(keras.layers.Layer):
     """Strips the id channel from images and counts the ids seen.
+
+    The id is the last channel of an image (n, h, w, c + 1), or the last
+    feature of a flat row (n, k + 1); what follows gets the rest.
 
     Args:
       num_examples: Ids are 0 .. num_examples - 1.
@@ -146,10 +249,14 @@ class ExampleCounter(keras.layers.Layer):
         return tuple(input_shape[:-1]) + (input_shape[-1] - 1,)
 
     def call(self, inputs: tf.Tensor, training: bool | None = None) -> tf.Tensor:
-        if tf.distribute.in_cross_replica_context():
-            # Keras building the model from a sample batch: not a step.
+        if tf.distribute.in_cross_replica_context() or not tf.distribute.has_strategy():
+            # Keras building the model from a sample batch, or a call outside
+            # `strategy.run` and the scope (e.g. a custom loop's plain test
+            # step): not a replica's step, so nothing is counted.
             return inputs[..., :-1]
-        ids = tf.cast(tf.round(inputs[:, 0, 0, -1] / self.id_scale), tf.int32)
+        id_channel = inputs[..., -1]
+        id_channel = tf.reshape(id_channel, [tf.shape(id_channel)[0], -1])
+        ids = tf.cast(tf.round(id_channel[:, 0] / self.id_scale), tf.int32)
         seen = tf.math.bincount(
             ids, minlength=self.num_examples, maxlength=self.num_examples, dtype=tf.int32
         )
@@ -158,13 +265,40 @@ class ExampleCounter(keras.layers.Layer):
             return tf.identity(inputs[..., :-1])
 
     def local_counts(self, strategy: tf.distribute.Strategy) -> dict[str, np.ndarray]:
-        """This process's counts (summed over its replicas), by phase."""
+        """This process's counts (summed over its replicas), by phase.
+
+        Zeros while the layer is not built (a model built at its first step).
+        """
+        if not self.built:
+            zeros = np.zeros([self.num_examples], np.int32)
+            return {"train": zeros, "inference": zeros}
         return {
             name: np.sum(
                 [v.numpy() for v in strategy.experimental_local_results(var)], axis=0
             )
             for name, var in (("train", self._counts.train), ("inference", self._counts.inference))
         }
+
+
+def counting_classifier(counter: ExampleCounter, learning_rate: float = 0.01) -> keras.Model:
+    """A small compiled classifier of `load_mnist_like` images, `counter` first.
+
+    For the patterns that are not a tutorial's (a tutorial's port keeps its
+    own model). Build it under the strategy's scope.
+    """
+    model = keras.Sequential([
+        keras.Input((28, 28, 2)),
+        counter,
+        keras.layers.Flatten(),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
 
 
 class EpochCounts(keras.callbacks.Callback):
@@ -185,11 +319,69 @@ class EpochCounts(keras.callbacks.Callback):
         self.per_epoch.append(self._counter.local_counts(self._strategy)["train"] - self._before)
 
 
+class PhaseCounts:
+    """For custom loops: how often each example was counted, per block.
+
+    Example:
+      counts = PhaseCounts(counter, strategy)
+      for epoch in range(EPOCHS):
+          with counts.counting("train"):
+              for x in dist_dataset:
+                  ...
+      counts.train  # one array per block
+
+    Attributes:
+      train: Per `counting("train")` block, the training counts.
+      inference: Per `counting("inference")` block, the inference counts.
+    """
+
+    def __init__(self, counter: ExampleCounter, strategy: tf.distribute.Strategy) -> None:
+        self._counter = counter
+        self._strategy = strategy
+        self.train: list[np.ndarray] = []
+        self.inference: list[np.ndarray] = []
+
+    @contextlib.contextmanager
+    def counting(self, phase: str) -> Iterator[None]:
+        """Appends to `self.<phase>` what the block counted in `phase`."""
+        before = self._counter.local_counts(self._strategy)[phase]
+        yield
+        getattr(self, phase).append(self._counter.local_counts(self._strategy)[phase] - before)
+
+
 def counts_during(counter: ExampleCounter, strategy: tf.distribute.Strategy, phase: str, run: Callable[[], Any]) -> tuple[Any, np.ndarray]:
     """`(run(), how often each example was counted in `phase` meanwhile)`."""
     before = counter.local_counts(strategy)[phase]
     result = run()
     return result, counter.local_counts(strategy)[phase] - before
+
+
+#: Characters of a failure's message that a `Record` keeps.
+MAX_ERROR_DETAIL = 5000
+
+
+def counter_of(model: Any) -> ExampleCounter:
+    """The `ExampleCounter` among `model`'s layers (e.g. of a restored model)."""
+    return next(layer for layer in model.layers if isinstance(layer, ExampleCounter))
+
+
+def fit_counting(model: Any, strategy: tf.distribute.Strategy, record: Record, **fit_kwargs: Any) -> dict[str, Any]:
+    """`model.fit(**fit_kwargs)`'s history, counting what it reads into `record`.
+
+    Appends each epoch's training counts to `record.train_counts` and, when
+    `fit` validated (its history has `val_` entries), the validation counts
+    of the whole call to `record.inference_counts`.
+    """
+    counter = counter_of(model)
+    epoch_counts = EpochCounts(counter, strategy)
+    fit_kwargs["callbacks"] = list(fit_kwargs.get("callbacks") or []) + [epoch_counts]
+    history, validation_counts = counts_during(
+        counter, strategy, "inference", lambda: model.fit(**fit_kwargs)
+    )
+    record.train_counts.extend(epoch_counts.per_epoch)
+    if any(name.startswith("val_") for name in history.history):
+        record.inference_counts.append(validation_counts)
+    return history.history
 
 
 @dataclasses.dataclass
@@ -203,13 +395,52 @@ class Record:
       inference_counts: Per evaluate/predict call, how often each example
         (training and test ids together) was seen.
       values: Named results (losses, metrics, predictions) to compare.
+      error_detail: The failure's message without stack lines (up to
+        `MAX_ERROR_DETAIL` characters): TF's runtime errors name the failing
+        op after a first line such as "Graph execution error:".
     """
 
     error: str | None = None
+    error_detail: str = ""
     train_counts: list[np.ndarray] = dataclasses.field(default_factory=list)
     inference_counts: list[np.ndarray] = dataclasses.field(default_factory=list)
     weights: list[np.ndarray] = dataclasses.field(default_factory=list)
     values: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _record_failure(record: Record, error: Exception) -> None:
+    """Sets `record.error` and `record.error_detail` from `error`."""
+    lines = [
+        line
+        for line in str(error).strip().splitlines()
+        # TF's runtime errors list the Python stack that defined the op.
+        if line.strip() and not line.lstrip().startswith("File ")
+    ]
+    record.error = f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
+    record.error_detail = "\n".join(lines)[:MAX_ERROR_DETAIL]
+
+
+def keeps_partial_results(
+    port: Callable[[str, str, Record], None],
+) -> Callable[[str, str], Record]:
+    """Adapts a port that fills the `Record` it is given as it goes.
+
+    For tutorials whose later cells build on earlier ones: when a cell
+    fails, the record keeps what the cells before it produced (and the
+    error), so tests can tell which part of the tutorial a contender passed.
+    """
+
+    def run(contender: str, workdir: str) -> Record:
+        record = Record()
+        try:
+            port(contender, workdir, record)
+        except Exception as e:  # The contender failed the pattern; record how.
+            if os.environ.get("CONFORMANCE_DEBUG"):
+                raise
+            _record_failure(record, e)
+        return record
+
+    return run
 
 
 def recorded(port: Callable[[str, str], Record], contender: str, workdir: str) -> Record:
@@ -219,8 +450,9 @@ def recorded(port: Callable[[str, str], Record], contender: str, workdir: str) -
     except Exception as e:  # The contender failed the pattern; record how.
         if os.environ.get("CONFORMANCE_DEBUG"):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return Record(error=f"{type(e).__name__}: {first[:300]}")
+        record = Record()
+        _record_failure(record, e)
+        return record
 
 
 def run_on_cluster(worker_fn: Callable[..., Record], contender: str, workdir: str) -> tuple[Record, ...]:
@@ -253,16 +485,52 @@ def run_contenders(
     return records
 
 
+def expected_counts(num_examples: int, ids: Any, times: int = 1) -> np.ndarray:
+    """Counts over ids 0 .. num_examples - 1: `times` for `ids`, else 0."""
+    counts = np.zeros([num_examples], np.int64)
+    counts[ids] = times
+    return counts
+
+
 class ConformanceTestCase(tf.test.TestCase):
     """Assertions shared by the tutorial ports."""
+
+    @classmethod
+    def run_in_tempdir(cls, port: Callable[[str, str], Record]) -> dict[str, Record]:
+        """`run_contenders(port, ...)` in a fresh directory, removed after the class."""
+        workdir = tempfile.mkdtemp(prefix=f"{cls.__name__}_")
+        cls.addClassCleanup(shutil.rmtree, workdir, ignore_errors=True)
+        return run_contenders(port, workdir)
+
+    def assert_failed_with(self, record: Record, error_type: str, message_part: str) -> None:
+        """The run failed with `error_type` and a message containing `message_part`."""
+        self.assertIsNotNone(record.error, "the run succeeded")
+        self.assertStartsWith(record.error, f"{error_type}: ")
+        self.assertIn(message_part, record.error_detail)
 
     def assert_ran(self, record: Record) -> None:
         self.assertIsNone(record.error, f"the run failed: {record.error}")
 
-    def assert_each_example_once_per_epoch(self, record: Record, num_examples: int, epochs: int) -> None:
-        self.assert_ran(record)
-        self.assertLen(record.train_counts, epochs)
-        self._assert_once_per_epoch(record.train_counts, num_examples)
+    def assert_each_example_once_per_epoch(
+        self, record: Record, num_examples: int, epochs: int, *, first_epoch: int | None = None
+    ) -> None:
+        """Training examples 0 .. num_examples - 1 were seen once in each epoch.
+
+        Args:
+          record: The contender's record.
+          num_examples: Training examples (ids 0 .. num_examples - 1).
+          epochs: How many epochs: the whole run's, or from `first_epoch`.
+          first_epoch: `None` to check the whole run (which must have
+            succeeded and trained exactly `epochs` epochs); else check
+            `epochs` epochs from this one (the run may have failed later).
+        """
+        if first_epoch is None:
+            self.assert_ran(record)
+            self.assertLen(record.train_counts, epochs)
+            first_epoch = 0
+        window = record.train_counts[first_epoch : first_epoch + epochs]
+        self.assertLen(window, epochs, f"the run stopped before: {record.error}")
+        self._assert_once_per_epoch(window, num_examples, first_epoch)
 
     def assert_workers_saw_each_example_once_per_epoch(
         self, workers: Sequence[Record], num_examples: int, epochs: int
@@ -282,8 +550,10 @@ class ConformanceTestCase(tf.test.TestCase):
             for a, b in zip(record.weights, workers[0].weights):
                 self.assertAllClose(a, b, rtol=0, atol=0)
 
-    def _assert_once_per_epoch(self, per_epoch: Sequence[np.ndarray], num_examples: int) -> None:
-        for epoch, counts in enumerate(per_epoch):
+    def _assert_once_per_epoch(
+        self, per_epoch: Sequence[np.ndarray], num_examples: int, first_epoch: int = 0
+    ) -> None:
+        for epoch, counts in enumerate(per_epoch, start=first_epoch):
             with self.subTest(epoch=epoch):
                 seen = np.bincount(counts[:num_examples], minlength=3)
                 self.assertTrue(
@@ -293,10 +563,25 @@ class ConformanceTestCase(tf.test.TestCase):
                 )
 
     def assert_inference_counts(self, record: Record, expected: list[np.ndarray]) -> None:
-        self.assert_ran(record)
-        self.assertLen(record.inference_counts, len(expected))
+        """Per evaluate/predict call (or counted block), the counts `expected`.
+
+        The run may have failed after the last of them.
+        """
+        self.assertLen(record.inference_counts, len(expected), f"the run stopped before: {record.error}")
         for got, want in zip(record.inference_counts, expected):
             np.testing.assert_array_equal(got, want)
+
+    def assert_values_match(
+        self, record: Record, reference: Record, names: list[str], *, rtol: float = RTOL, atol: float = ATOL
+    ) -> None:
+        """The values `names` match `reference`'s (either run may have failed later)."""
+        for name in names:
+            with self.subTest(value=name):
+                if name not in reference.values:
+                    self.fail(f"the reference did not reach {name!r}: {reference.error}")
+                if name not in record.values:
+                    self.fail(f"the run did not reach {name!r}: {record.error}")
+                self.assertAllClose(record.values[name], reference.values[name], rtol=rtol, atol=atol)
 
     def assert_same_results(self, record: Record, reference: Record, *, rtol: float = RTOL, atol: float = ATOL) -> None:
         """Same final weights and every named value as `reference`."""

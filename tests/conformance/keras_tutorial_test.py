@@ -149,15 +149,7 @@ class KerasTutorialTest(harness.ConformanceTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        workdir = tempfile_dir = cls.get_temp_dir_for_class()
-        cls.records = harness.run_contenders(run_tutorial, workdir)
-        del tempfile_dir
-
-    @classmethod
-    def get_temp_dir_for_class(cls) -> str:
-        import tempfile
-
-        return tempfile.mkdtemp(prefix="keras_tutorial_")
+        cls.records = cls.run_in_tempdir(run_tutorial)
 
     def test_tfdist_sees_every_training_example_once_per_epoch(self):
         self.assert_each_example_once_per_epoch(self.records["tfdist"], 768, EPOCHS)

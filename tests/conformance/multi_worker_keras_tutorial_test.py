@@ -16,7 +16,13 @@ defined), 2 epochs, results returned instead of printed.
 Two runs per strategy: as written (unseeded: every worker's copy of the
 pipeline would shuffle differently), and with `keras.utils.set_random_seed`
 at the start of every process, where the result must equal one process
-training on the same global batch from the same seed.
+training on the same global batch from the same seed. The seeded run does
+not reshuffle between epochs (`reshuffle_each_iteration=False`): under any
+strategy, Keras 3's `fit` first reads one batch from an iterator it then
+drops, and that iterator's background prefetch can run past the end of
+`shuffle().repeat()` and draw the next epoch's seed from the shuffle's seed
+generator (shared by all iterators) before the training iterator does, so
+which order an epoch gets is a race (seen with TF's OneDeviceStrategy).
 """
 
 from __future__ import annotations
@@ -41,14 +47,14 @@ STEPS_PER_EPOCH = NUM_TRAIN // GLOBAL_BATCH_SIZE
 EPOCHS = 2
 
 
-def mnist_dataset(batch_size):
+def mnist_dataset(batch_size, reshuffle=True):
     (x_train, y_train), _ = harness.load_mnist_like(num_train=NUM_TRAIN)
     # The `x` arrays are in uint8 and have values in the [0, 255] range.
     # You need to convert them to float32 with values in the [0, 1] range.
     x_train = x_train / np.float32(255)
     y_train = y_train.astype(np.int64)
     train_dataset = tf.data.Dataset.from_tensor_slices(
-        (x_train, y_train)).shuffle(60000).repeat().batch(batch_size)
+        (x_train, y_train)).shuffle(60000, reshuffle_each_iteration=reshuffle).repeat().batch(batch_size)
     return train_dataset
 
 
@@ -74,7 +80,7 @@ def main(contender: str, seeded: bool) -> harness.Record:
     if seeded:
         tf.keras.utils.set_random_seed(harness.SEED)
     strategy = harness.make_strategy(contender)
-    multi_worker_dataset = mnist_dataset(GLOBAL_BATCH_SIZE)
+    multi_worker_dataset = mnist_dataset(GLOBAL_BATCH_SIZE, reshuffle=not seeded)
     with strategy.scope():
         # Model building/compiling need to be within `strategy.scope()`.
         counter = harness.ExampleCounter(1797, id_scale=1 / 255)

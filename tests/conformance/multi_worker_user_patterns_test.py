@@ -31,26 +31,10 @@ GLOBAL_BATCH_SIZE = 64
 EPOCHS = 2
 
 
-def _model(counter):
-    model = keras.Sequential([
-        keras.Input((28, 28, 2)),
-        counter,
-        keras.layers.Flatten(),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(10),
-    ])
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    return model
-
-
 def _numpy_fit(strategy, x, y):
     with strategy.scope():
         counter = harness.ExampleCounter(1797)
-        model = _model(counter)
+        model = harness.counting_classifier(counter)
     epoch_counts = harness.EpochCounts(counter, strategy)
     model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=EPOCHS, callbacks=[epoch_counts], verbose=0)
     predictions = model.predict(x[:37], batch_size=GLOBAL_BATCH_SIZE, verbose=0)
@@ -70,7 +54,7 @@ def _generator_fit(strategy, x, y):
     ).batch(GLOBAL_BATCH_SIZE)
     with strategy.scope():
         counter = harness.ExampleCounter(1797)
-        model = _model(counter)
+        model = harness.counting_classifier(counter)
     epoch_counts = harness.EpochCounts(counter, strategy)
     model.fit(dataset, epochs=EPOCHS, callbacks=[epoch_counts], verbose=0)
     return epoch_counts.per_epoch, model.get_weights()

@@ -20,13 +20,17 @@ _SCRIPT = os.path.join(_ROOT, "examples", "digits.py")
 _TIMEOUT_S = 240
 
 
-def _run(args, *, launcher_args=None, env=None):
+def _run(args, *, launcher_args=None, extra_env=None):
     command = [sys.executable, "-u", _SCRIPT, "--epochs=1", "--steps=2", *args]
     if launcher_args is not None:
         command = [sys.executable, "-m", "tfdist.launch", *launcher_args, "--", *command]
+    # This checkout's tfdist, not whichever one is installed (a worktree's
+    # venv may hold another checkout's editable install).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
     return subprocess.run(
         command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT,
-        env=None if env is None else {**os.environ, **env},
+        env={**env, **(extra_env or {})},
     )
 
 
@@ -46,9 +50,20 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
         self.assertIn(f"replicas={replicas}", result.stdout)
 
+    def test_layer_placement_prints_the_placement_report(self):
+        result = _run(["--strategy=layer_placement", "--num_microbatches=2", "--model=deep_mlp"])
+        self.assertEqual(result.returncode, 0, msg=result.stderr[-3000:])
+        self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
+        self.assertIn("replicas=1", result.stdout)
+        # 9 layers over the 4 simulated CPUs: 4 stages, M = 2, bubble 3/5.
+        self.assertRegex(result.stdout, r"4 stage\(s\), balance_by='params', num_microbatches=2 \(GPipe bubble 60%")
+        for stage in range(4):
+            self.assertRegex(result.stdout, rf"\n  dense\S*  +/device:CPU:{stage}  stage {stage}\n")
+
     def test_multi_worker_runs_under_the_launcher(self):
+        model_dir = self.create_tempdir().full_path
         result = _run(
-            ["--strategy=multi_worker", "--compression=fp16"],
+            ["--strategy=multi_worker", "--compression=fp16", f"--model_dir={model_dir}"],
             launcher_args=["--workers", "2", "--timeout-s", "200"],
         )
         output = result.stdout + result.stderr
@@ -61,19 +76,24 @@ class DigitsExampleTest(parameterized.TestCase):
         # source dataset") must not appear.
         self.assertNotIn("sharding policy", output)
         self.assertNotIn("unshardable", output)
+        # One writer for the weights: the chief (two h5 writers on one path
+        # fail or corrupt the file). The backup is deleted after training.
+        self.assertEqual(os.listdir(model_dir), ["digits.weights.h5"])
+        self.assertIn("[worker:0] saved weights to", output)
+        self.assertNotIn("[worker:1] saved weights", output)
 
     @parameterized.named_parameters(
         ("keras3", {"TF_USE_LEGACY_KERAS": "0"}),
         ("tf_keras", {"TF_USE_LEGACY_KERAS": "1"}),
     )
-    def test_parameter_server_runs_under_the_launcher(self, env):
+    def test_parameter_server_runs_under_the_launcher(self, extra_env):
         # The same script on every task: worker and ps tasks serve inside
         # the strategy's constructor; the chief trains and its exit ends
         # the job.
         result = _run(
             ["--strategy=parameter_server"],
             launcher_args=["--chief", "--workers", "2", "--ps", "2", "--timeout-s", "200"],
-            env=env,
+            extra_env=extra_env,
         )
         output = result.stdout + result.stderr
         self.assertEqual(result.returncode, 0, msg=output[-3000:])
@@ -81,10 +101,14 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertEqual(output.count("test_accuracy="), 1, msg=output[-3000:])
         self.assertIn("the chief exited 0", output)
 
-    def test_bad_flag_fails_at_parse_time(self):
-        result = _run(["--all_reduce=butterfly"])
+    @parameterized.named_parameters(
+        ("all_reduce", "--all_reduce=butterfly", "butterfly"),
+        ("num_microbatches", "--num_microbatches=0", "num_microbatches"),
+    )
+    def test_bad_flag_fails_at_parse_time(self, flag, named):
+        result = _run([flag])
         self.assertNotEqual(result.returncode, 0)
-        self.assertIn("butterfly", result.stderr)
+        self.assertIn(named, result.stderr)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl.testing import parameterized
 
 import tfdist
 from tfdist import launch  # Also run as `python -m tfdist.launch`.
@@ -39,9 +40,11 @@ FLOAT32_RTOL = 1e-5
 FLOAT32_ATOL = 1e-6
 
 
-def _env(tf_config: str | None = None) -> dict[str, str]:
+def _env(tf_config: str | None = None, *, tf_keras: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.update(TF_NUM_INTEROP_THREADS="3", TF_NUM_INTRAOP_THREADS="1")
+    if tf_keras:
+        env["TF_USE_LEGACY_KERAS"] = "1"
     if tf_config is not None:
         env["TF_CONFIG"] = tf_config
     return env
@@ -53,11 +56,13 @@ def _tf_config(addresses: list[str], index: int) -> str:
     )
 
 
-def _launch(out_dir: str, *launcher_args: str, mode: str) -> subprocess.CompletedProcess:
+def _launch(
+    out_dir: str, *launcher_args: str, mode: str, tf_keras: bool = False
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tfdist.launch", "--workers", "2", *launcher_args,
          "--", sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
-        env=_env(), capture_output=True, text=True, timeout=JOB_LIMIT_S,
+        env=_env(tf_keras=tf_keras), capture_output=True, text=True, timeout=JOB_LIMIT_S,
     )
 
 
@@ -105,7 +110,9 @@ class LostWorkerTest(tf.test.TestCase):
         out_dir = self.create_tempdir().full_path
         result = _launch(out_dir, mode="kill")
         self.assertNotEqual(result.returncode, 0)
-        self.assertIn("worker:1", result.stderr)
+        # The summary names the task that failed first, and how (the task
+        # names alone appear in every launch's start-up lines).
+        self.assertIn("task worker:1 was killed by SIGKILL", result.stderr)
 
 
 class StuckWorkerTest(tf.test.TestCase):
@@ -234,16 +241,20 @@ class CollectiveThreadsTest(tf.test.TestCase):
             self.assertLess(after - before, count // 10, per_task)
 
 
-class RestartTest(tf.test.TestCase):
-    def test_restart_with_backup_and_restore_equals_uninterrupted_run(self):
+class RestartTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(
+        dict(testcase_name="keras3", tf_keras=False),
+        dict(testcase_name="tf_keras", tf_keras=True),
+    )
+    def test_restart_with_backup_and_restore_equals_uninterrupted_run(self, tf_keras):
         out_dir = self.create_tempdir().full_path
-        result = _launch(out_dir, "--restarts", "1", mode="restart")
+        result = _launch(out_dir, "--restarts", "1", mode="restart", tf_keras=tf_keras)
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
         self.assertTrue(os.path.exists(os.path.join(out_dir, "killed_at")))
         reference_dir = self.create_tempdir().full_path
         subprocess.run(
             [sys.executable, SCRIPT, "reference", reference_dir],
-            env=_env(), check=True, capture_output=True, timeout=JOB_LIMIT_S,
+            env=_env(tf_keras=tf_keras), check=True, capture_output=True, timeout=JOB_LIMIT_S,
         )
         restarted = _weights(os.path.join(out_dir, "weights.npz"))
         uninterrupted = _weights(os.path.join(reference_dir, "weights.npz"))

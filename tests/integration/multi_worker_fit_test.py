@@ -7,6 +7,9 @@ global batch. Runs under Keras 3 and (TF_USE_LEGACY_KERAS=1) tf-keras.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -127,6 +130,109 @@ class CompressedMultiWorkerFitTest(tf.test.TestCase, parameterized.TestCase):
         )
         # Beyond float32 rounding: the wire dtype really was compressed.
         self.assertGreater(deviation, FLOAT32_ATOL)
+
+
+def _embedding_model(keras):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((5,), dtype="int32"),
+        keras.layers.Embedding(50, 4),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(2),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _sync_batch_norm_model(keras):
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([
+        keras.Input((8,)),
+        keras.layers.Dense(16),
+        keras.layers.BatchNormalization(synchronized=True),
+        keras.layers.Dense(3),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def train_more(use_strategy: bool, checkpoint_dir: str | None = None) -> dict[str, object]:
+    """Sparse gradients, sync batch norm, gather and ModelCheckpoint, one strategy.
+
+    The README's multi-worker claims, each against one process with the same
+    global batch (`use_strategy=False`).
+    """
+    keras = tf.keras
+    strategy = (
+        tfdist.MultiWorkerMirroredStrategy(timeout_s=60, bucket_bytes=None)
+        if use_strategy
+        else tf.distribute.get_strategy()
+    )
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 50, size=(NUM_EXAMPLES, 5)).astype("int32")
+    x = rng.normal(size=(NUM_EXAMPLES, 8)).astype("float32")
+    y = rng.integers(0, 2, NUM_EXAMPLES).astype("int32")
+    results: dict[str, object] = {}
+    with strategy.scope():
+        embedding = _embedding_model(keras)
+    callbacks = []
+    if checkpoint_dir is not None:
+        callbacks.append(keras.callbacks.ModelCheckpoint(
+            os.path.join(checkpoint_dir, "ckpt.weights.h5"), save_weights_only=True))
+    embedding.fit(ids, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False,
+                  verbose=0, callbacks=callbacks)
+    results["embedding"] = embedding.get_weights()
+    with strategy.scope():
+        batch_norm = _sync_batch_norm_model(keras)
+    batch_norm.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0)
+    results["sync_batch_norm"] = batch_norm.get_weights()
+    if use_strategy:
+        task = strategy.cluster_config.worker_index
+
+        @tf.function
+        def gather():
+            def replica_value():
+                context = tf.distribute.get_replica_context()
+                return tf.fill([2], tf.cast(task * 10 + context.replica_id_in_sync_group, tf.int32))
+
+            return strategy.gather(strategy.run(replica_value), axis=0)
+
+        results["gather"] = gather().numpy()
+    return results
+
+
+class MultiWorkerReadmeClaimsTest(tf.test.TestCase):
+    """Sparse gradients, sync batch norm, gather, chief-only ModelCheckpoint, bucket_bytes=None."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.checkpoint_dir = tempfile.mkdtemp(prefix="mwms_checkpoint_")
+        cls.workers = run_local_cluster(
+            train_more, num_workers=2, args=(True, cls.checkpoint_dir),
+            timeout_s=CLUSTER_TIMEOUT_S,
+        )
+        cls.reference = train_more(False)
+
+    def _assert_matches_reference(self, name):
+        for worker in self.workers:
+            for a, b in zip(worker[name], self.reference[name]):
+                self.assertAllClose(a, b, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+
+    def test_embedding_sparse_gradients_match_single_process(self):
+        self._assert_matches_reference("embedding")
+
+    def test_sync_batch_norm_matches_single_process(self):
+        self._assert_matches_reference("sync_batch_norm")
+
+    def test_gather_collects_every_replica_in_worker_order(self):
+        for worker in self.workers:
+            self.assertAllEqual(worker["gather"], [0, 0, 11, 11])
+
+    def test_only_the_chief_writes_model_checkpoints(self):
+        self.assertEqual(os.listdir(self.checkpoint_dir), ["ckpt.weights.h5"])
 
 
 class MultiWorkerConfigTest(tf.test.TestCase):

@@ -266,6 +266,22 @@ class PlainDatasetFitTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class ShardOptionsTest(tf.test.TestCase, parameterized.TestCase):
+    def test_shard_options_reshuffle_every_epoch_exactly_once(self):
+        ids = np.arange(70, dtype=np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices((ids, ids)).batch(GLOBAL_BATCH_SIZE)
+        strategy = tfdist.MirroredStrategy(
+            DEVICES, shard_options=tfdist.data.ShardOptions(seed=3)
+        )
+        distributed = strategy.experimental_distribute_dataset(dataset)
+        epochs = [
+            [int(v) for x, _ in distributed
+             for local in strategy.experimental_local_results(x) for v in local.numpy()]
+            for _ in range(2)
+        ]
+        for epoch in epochs:
+            self.assertEqual(sorted(epoch), ids.tolist())
+        self.assertNotEqual(epochs[0], epochs[1])
+
     @parameterized.named_parameters(
         dict(
             testcase_name="drop",

@@ -58,6 +58,7 @@ class NoTensorflowTest(parameterized.TestCase):
             "from tfdist.cluster import ClusterSpec, parse_tf_config",
         ),
         ("launch", "import tfdist.launch"),
+        ("placement", "from tfdist.placement import plan_stages, PlacementReport"),
     )
     def test_import_loads_no_tensorflow(self, code):
         self.assertEqual(_modules_after(code, *_TENSORFLOW_MODULES), [])
@@ -106,6 +107,9 @@ class PublicNamesTest(parameterized.TestCase):
         from tfdist import strategies  # noqa: PLC0415 - the point of the test.
 
         self.assertIs(tfdist.MirroredStrategy, strategies.MirroredStrategy)
+        self.assertIs(
+            tfdist.LayerPlacementStrategy, strategies.LayerPlacementStrategy
+        )
         self.assertIs(
             tfdist.MultiWorkerMirroredStrategy,
             strategies.MultiWorkerMirroredStrategy,

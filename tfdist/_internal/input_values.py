@@ -31,7 +31,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.distribute import values as _values
 
-__all__ = ["InputPerReplica", "InputPerReplicaSpec", "is_input_value"]
+__all__ = ["InputPerReplica", "InputPerReplicaSpec", "is_input_value", "per_replica"]
 
 #: `global_rows` of an input whose global batch is not known.
 UNKNOWN_ROWS = -1
@@ -114,3 +114,8 @@ class InputPerReplicaSpec(_values.PerReplicaSpec):
 def is_input_value(value: Any) -> bool:
     """True for an `InputPerReplica` (a tfdist input slice set)."""
     return isinstance(value, InputPerReplica)
+
+
+def per_replica(values: Sequence[Any]) -> Any:
+    """A plain TF `PerReplica` of `values` (one per local replica)."""
+    return _values.PerReplica(tuple(values))

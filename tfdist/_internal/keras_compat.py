@@ -1,8 +1,11 @@
 """tfdist's uses of Keras internals (Keras 3 and tf-keras), in one place.
 
-Three topics: checkpoints written by one task only (Keras 3), recognising
-Keras's own training step inside `strategy.run`, and scaling the loss that
-Keras differentiates (not the one it reports) for exact uneven batches.
+Four topics: checkpoints written by one task only (Keras 3), recognising
+Keras's own training step inside `strategy.run`, scaling the loss that
+Keras differentiates (not the one it reports) for exact uneven batches, and
+running a step once per microbatch with one optimizer update (the step
+method and the optimizer's gradient application replaced on the instance
+while the step is traced).
 
 Checkpoints written by one task only. Keras 3's `BackupAndRestore` and
 `ModelCheckpoint` have no multi-worker handling: every worker writes the
@@ -40,11 +43,16 @@ from typing import Any
 import tensorflow as tf
 
 __all__ = [
+    "GradientIntercept",
     "KerasStep",
+    "gradient_updates_intercepted",
     "gradients_scaled",
+    "is_bound_step",
     "keras_step",
     "loss_factor",
     "redirect_non_chief_checkpoints",
+    "replaced_attribute",
+    "step_replaced",
 ]
 
 _PATCHED = "_tfdist_non_chief_task"
@@ -110,9 +118,12 @@ def redirect_non_chief_checkpoints(task_name: str) -> bool:
 # --------------------------------------------------------------------------
 # Recognising Keras's own training step inside `strategy.run`.
 
-#: tf-keras's per-step closure (Model.make_train_function) that calls
-#: `model.train_step(data)` inside `strategy.run`.
-_TF_KERAS_RUN_STEP = "Model.make_train_function.<locals>.step_function.<locals>.run_step"
+#: tf-keras's per-step closures (Model.make_train_function and its test and
+#: predict twins) that call `model.<kind>_step(data)` inside `strategy.run`.
+_TF_KERAS_RUN_STEPS = {
+    f"Model.make_{name}_function.<locals>.step_function.<locals>.run_step": kind
+    for name, kind in (("train", "train"), ("test", "test"), ("predict", "predict"))
+}
 #: Keras 3's predict step (TensorFlowTrainer.make_predict_function).
 _KERAS3_PREDICT_STEP = "make_predict_function.<locals>.one_step_on_data"
 
@@ -126,11 +137,14 @@ class KerasStep:
       kind: "train", "test" or "predict".
       builtin: Whether it is Keras's own step (a user's `train_step`
         override may unpack its data in its own way).
+      keras3: Keras 3 (else tf-keras). Keras 3 averages every logged value
+        over all replicas with `strategy.reduce`, one call per value.
     """
 
     model: Any
     kind: str
     builtin: bool
+    keras3: bool = True
 
 
 def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
@@ -138,9 +152,9 @@ def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
 
     Keras 3 calls `strategy.run(model.train_step, (data,))` (and
     `test_step`), and its predict step is a closure over the model;
-    tf-keras's `fit` calls it with a closure that calls
-    `model.train_step(data)`. Returns None for anything else (a custom
-    loop's step).
+    tf-keras's `fit` (and `evaluate`, `predict`) call it with a closure
+    that calls `model.train_step(data)` (`test_step`, `predict_step`).
+    Returns None for anything else (a custom loop's step).
     """
     trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
     model = getattr(fn, "__self__", None)
@@ -161,14 +175,22 @@ def keras_step(fn: Callable[..., Any]) -> KerasStep | None:
         if "self" in cells:
             return KerasStep(cells["self"].cell_contents, "predict", True)
         return None
-    if qualname != _TF_KERAS_RUN_STEP:
+    kind = _TF_KERAS_RUN_STEPS.get(qualname)
+    if kind is None:
         return None
     training = sys.modules.get("tf_keras.src.engine.training")
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    code = getattr(fn, "__code__", None)
+    cells = dict(zip(code.co_freevars, getattr(fn, "__closure__", None) or ())) if code else {}
     if training is None or "model" not in cells:
         return None
     model = cells["model"].cell_contents
-    return KerasStep(model, "train", type(model).train_step is training.Model.train_step)
+    method = f"{kind}_step"
+    return KerasStep(
+        model,
+        kind,
+        getattr(type(model), method) is getattr(training.Model, method),
+        keras3=False,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -212,25 +234,100 @@ def gradients_scaled(model: Any) -> Iterator[None]:
     if optimizer is None:
         yield
         return
-    trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
-    keras3 = trainer is not None and isinstance(model, trainer.TensorFlowTrainer)
-    name = "scale_loss" if keras3 else "minimize"
-    original = getattr(optimizer, name)
+    if _is_keras3_model(model):
+        original = optimizer.scale_loss
 
-    def wrapped(loss: Any, *args: Any, tape: Any = None, **kwargs: Any) -> Any:
-        if keras3:  # scale_loss(loss)
-            return original(_scaled(loss), *args, **kwargs)
-        if tape is not None:  # minimize(loss, var_list, tape=tape)
+        def scale_loss(loss: Any) -> Any:
+            return original(_scaled(loss))
+
+        with replaced_attribute(optimizer, "scale_loss", scale_loss):
+            yield
+        return
+    original_minimize = optimizer.minimize
+
+    def minimize(loss: Any, *args: Any, tape: Any = None, **kwargs: Any) -> Any:
+        if tape is not None:
             with tape:  # Re-entered, so the product is differentiated.
                 loss = _scaled(loss)
-        return original(loss, *args, tape=tape, **kwargs)
+        return original_minimize(loss, *args, tape=tape, **kwargs)
 
-    had_own = name in vars(optimizer)
-    setattr(optimizer, name, wrapped)
+    with replaced_attribute(optimizer, "minimize", minimize):
+        yield
+
+
+def _is_keras3_model(model: Any) -> bool:
+    trainer = sys.modules.get("keras.src.backend.tensorflow.trainer")
+    return trainer is not None and isinstance(model, trainer.TensorFlowTrainer)
+
+
+@contextlib.contextmanager
+def replaced_attribute(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """Inside, `obj.name` is `value` (set on the instance); restored on exit.
+
+    Bypasses Keras's attribute tracking (`object.__setattr__`), so a
+    function put on a layer or optimizer is never tracked as its state.
+    """
+    missing = object()
+    previous = vars(obj).get(name, missing)
+    object.__setattr__(obj, name, value)
     try:
         yield
     finally:
-        if had_own:
-            setattr(optimizer, name, original)
+        if previous is missing:
+            object.__delattr__(obj, name)
         else:
-            delattr(optimizer, name)
+            object.__setattr__(obj, name, previous)
+
+
+# --------------------------------------------------------------------------
+# Running a step once per microbatch, with one optimizer update.
+
+
+def is_bound_step(fn: Callable[..., Any], step: KerasStep) -> bool:
+    """Whether `fn` is the model's `<kind>_step` method itself (Keras 3 train/test)."""
+    return getattr(fn, "__self__", None) is step.model and getattr(
+        fn, "__name__", None
+    ) == f"{step.kind}_step"
+
+
+def step_replaced(step: KerasStep, replacement: Callable[[Any], Any]) -> Any:
+    """Inside, `step.model.<kind>_step` is `replacement` (for Keras's closures)."""
+    return replaced_attribute(step.model, f"{step.kind}_step", replacement)
+
+
+#: `intercept(grads, variables, apply)`: what the optimizer does instead of
+#: applying `grads` to `variables` (None: the optimizer's own list);
+#: `apply(grads, variables)` applies for real.
+GradientIntercept = Callable[[list[Any], "list[Any] | None", Callable[..., Any]], Any]
+
+
+@contextlib.contextmanager
+def gradient_updates_intercepted(optimizer: Any, intercept: GradientIntercept) -> Iterator[None]:
+    """Inside, every gradient application of `optimizer` goes to `intercept`.
+
+    Keras 3 applies through `optimizer.apply(grads, variables)` (which
+    `apply_gradients` calls); tf-keras through `apply_gradients(pairs)`
+    (which `minimize` calls). Both are replaced on the instance.
+    """
+    if hasattr(optimizer, "apply") and hasattr(optimizer, "stateless_apply"):  # Keras 3
+        original_apply = optimizer.apply
+
+        def apply(grads: Any, trainable_variables: Any = None) -> Any:
+            variables = None if trainable_variables is None else list(trainable_variables)
+            return intercept(list(grads), variables, original_apply)
+
+        with replaced_attribute(optimizer, "apply", apply):
+            yield
+        return
+    original_apply_gradients = optimizer.apply_gradients
+
+    def apply_gradients(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        pairs = list(grads_and_vars)
+
+        def apply_pairs(grads: list[Any], variables: list[Any] | None) -> Any:
+            return original_apply_gradients(zip(grads, variables or []), *args, **kwargs)
+
+        return intercept([g for g, _ in pairs], [v for _, v in pairs], apply_pairs)
+
+    with replaced_attribute(optimizer, "apply_gradients", apply_gradients):
+        yield

@@ -29,7 +29,7 @@ times the 16 and 64 MiB messages, which cost most of a full calibration.
 The process-wide model keeps its timings on disk (`calibration_cache`), so
 only a machine's first run measures. Per-algorithm constants matter on hosts where "links" are memory
 copies of very different cost (logical CPUs share one memory bus and
-caches: time per byte at 4 MiB and at 64 MiB differ by 2x there), and
+caches: time per byte differs across cache sizes there), and
 reduce to the textbook model where links are real. `AlphaBeta` constants can also be given directly, which keeps tests
 deterministic and lets a cluster ship measured numbers.
 

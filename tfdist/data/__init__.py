@@ -16,9 +16,9 @@ replicas exactly; what tfdist strategies do with a plain dataset),
 from __future__ import annotations
 
 from tfdist.data.options import ShardOptions
-from tfdist.data.sharding import DEFAULT_MAX_IN_MEMORY_BYTES
-from tfdist.data.sharding import Remainder
-from tfdist.data.sharding import ShardPolicy
+from tfdist.data.policies import DEFAULT_MAX_IN_MEMORY_BYTES
+from tfdist.data.policies import Remainder
+from tfdist.data.policies import ShardPolicy
 from tfdist.data.sharding import shard
 from tfdist.data.splitting import split_batches
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 from tfdist import errors
 from tfdist._internal import validation
 from tfdist.data import _checks
+from tfdist.data import policies
 from tfdist.data import sharding
 
 __all__ = ["ShardOptions"]
@@ -40,7 +41,10 @@ class ShardOptions:
     Contract: the dataset must be finite and its elements are read once into
     memory (or streamed, see `shard`), so randomness inside the user's
     pipeline is frozen at that first read; shuffle with `shuffle=True` here
-    instead. Under Keras 3, `fit` reads one batch from a fresh iterator to
+    instead. With several workers each reads its own copy, so the copies
+    must agree: unseeded `shuffle`s are given a seed all workers share, and
+    other randomness (generators, random ops in `map`) is refused with a
+    `ConfigError`. Under Keras 3, `fit` reads one batch from a fresh iterator to
     build the model before its first epoch, and that iterator takes epoch
     `epoch` for itself: training's first epoch is then `epoch + 1` (still a
     complete, exactly-once epoch).
@@ -64,27 +68,27 @@ class ShardOptions:
 
     seed: int = 0
     shuffle: bool = True
-    remainder: sharding.Remainder | str = sharding.Remainder.SPLIT
+    remainder: policies.Remainder | str = policies.Remainder.SPLIT
     epoch: int | None = None
     start_step: int = 0
-    max_in_memory_bytes: int = sharding.DEFAULT_MAX_IN_MEMORY_BYTES
+    max_in_memory_bytes: int = policies.DEFAULT_MAX_IN_MEMORY_BYTES
 
     def __post_init__(self) -> None:
         _checks.check_seed(self.seed)
         _checks.check_bool("shuffle", self.shuffle)
         value = (
             self.remainder.value
-            if isinstance(self.remainder, sharding.Remainder)
+            if isinstance(self.remainder, policies.Remainder)
             else self.remainder
         )
-        if value == sharding.Remainder.DROP.value:
+        if value == policies.Remainder.DROP.value:
             raise errors.ConfigError(
                 "ShardOptions(remainder='drop') is not supported: Keras "
                 "counts the steps of the batched dataset you pass to fit, "
                 "which includes the last partial batch. Batch the dataset "
                 "with drop_remainder=True instead, or use remainder='split'."
             )
-        if value == sharding.Remainder.PAD.value:
+        if value == policies.Remainder.PAD.value:
             raise errors.ConfigError(
                 "ShardOptions(remainder='pad') is not supported: a strategy "
                 "gives each replica the real rows of the last step and "

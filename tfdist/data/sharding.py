@@ -45,29 +45,13 @@ mean. Every replica needs M_k of the whole step, not of its own batch (the tail
 is spread over replicas, so some replicas' batches are full in a padded
 step); it comes from the plan, not from any replica's mask.
 
-How the element policy reads data. A finite dataset whose estimated size is
-at most `max_in_memory_bytes` (default 1 GiB) is read once into host memory
-(`dataset.batch(N).get_single_element()` plus one zero row; memory: the
-dataset, twice during that one copy, then once for the pipeline's lifetime).
-Each epoch then costs one vectorized `tf.random.experimental.index_shuffle`
-over this pipeline's N / P positions and one `tf.gather` per per-replica
-batch: no shuffle buffer, and faster than `shuffle(N).batch(b)`
-(benchmarks/input_pipeline.py). A larger dataset is streamed in windows of
-about `max_in_memory_bytes / 2` (a whole number of global steps) and
-permuted within each window (memory: about one window plus prefetch); every
-pipeline then reads the whole dataset each epoch, so prefer files and the
-file policy for data that large. TF 2.21's own options do not fit:
-`global_shuffle` is private (`global_shuffle_op._global_shuffle`), needs
+How each policy reads its input is in `_element_policy` and
+`_file_policy`; the weights of a short step are attached in `_remainder`.
+(TF 2.21's own options do not fit: `global_shuffle` is private, needs
 random-access inputs and draws each iteration's order from a seed
 generator, so epoch e's order cannot be recomputed to resume; and
 `tf.data.experimental.at` fetches one element per call, from random-access
-datasets only (not TFRecord, filter or interleave).
-
-File policy costs. Every pipeline must know every shard's size to agree on
-the step count, so `shard` counts the records of every file once, when it
-is called (one full read of all files on every worker, files read in
-parallel); records are then permuted within windows of about
-`max_in_memory_bytes / 2`.
+datasets only.)
 
 Epochs. The returned dataset counts its iterators in a host-local variable:
 the i-th iterator to start producing (Keras 3 without `steps_per_epoch`
@@ -91,23 +75,26 @@ there that the input ran out of data.
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tfdist import errors
 from tfdist._internal import validation
 from tfdist.data import _checks
+from tfdist.data import _element_policy
+from tfdist.data import _file_policy
 from tfdist.data import _pipeline
 from tfdist.data import _plan
-from tfdist.data import _source
-from tfdist.data import row_weights
+from tfdist.data import _remainder
+from tfdist.data import policies
+from tfdist.data.policies import DEFAULT_MAX_IN_MEMORY_BYTES
+from tfdist.data.policies import Remainder
+from tfdist.data.policies import ShardPolicy
 
 __all__ = [
     "DEFAULT_MAX_IN_MEMORY_BYTES",
@@ -117,55 +104,8 @@ __all__ = [
     "shard_steps",
 ]
 
-#: Element policy: datasets estimated at most this large are held in memory.
-DEFAULT_MAX_IN_MEMORY_BYTES = 1 << 30
-
 # `Any` below: a nested structure (tuple/dict) of tensors, as tf.data yields.
 Nested = Any
-
-
-class ShardPolicy(enum.Enum):
-    """How `shard` splits the input over input pipelines.
-
-    Attributes:
-      AUTO: FILE when the input is file paths and there are at least as many
-        files as input pipelines (and, with `remainder="error"`, the shards
-        are guaranteed even); ELEMENT otherwise. Logs the choice and why.
-      FILE: Each input pipeline reads whole files. Reads each file once per
-        epoch over all workers.
-      ELEMENT: Each input pipeline takes its replicas' slots of one global
-        per-example permutation. Every pipeline reads the whole input.
-    """
-
-    AUTO = "auto"
-    FILE = "file"
-    ELEMENT = "element"
-
-
-class Remainder(enum.Enum):
-    """What `shard` does with a last global batch smaller than the others.
-
-    Attributes:
-      PAD: Fill it up with zero examples of sample weight 0, so that every
-        replica gets a full per-replica batch; elements gain a weight, by
-        default `global_batch_size / M` for the M real examples of a padded
-        step (see `shard`'s `normalize_padded_loss`).
-      SPLIT: Split its real examples over the replicas as evenly as
-        possible, without padding rows (a replica may get fewer rows, or
-        none). Keras-style `(x, y[, w])` elements gain a weight,
-        `num_replicas_in_sync * b / M` for a replica's b rows of a step with
-        M real examples (1.0 in full steps); other elements are left as they
-        are. Unlike PAD, Keras's unweighted metrics and `predict` see only
-        real examples; this is what tfdist strategies use for a plain
-        dataset given to `model.fit`.
-      DROP: Drop it (the count is logged).
-      ERROR: Raise ConfigError unless the sizes divide evenly.
-    """
-
-    PAD = "pad"
-    SPLIT = "split"
-    DROP = "drop"
-    ERROR = "error"
 
 
 def shard(
@@ -304,7 +244,7 @@ def shard(
         reader=reader,
         max_in_memory_bytes=max_in_memory_bytes,
     )
-    return _finish(
+    return _remainder.finish(
         batches,
         remainder,
         layout=layout,
@@ -406,12 +346,12 @@ def _real_row_batches(
     validation.check_positive_int("max_in_memory_bytes", max_in_memory_bytes)
     policy = ShardPolicy(
         validation.check_one_of(
-            "policy", _enum_value(policy), [p.value for p in ShardPolicy]
+            "policy", policies.enum_value(policy), [p.value for p in ShardPolicy]
         )
     )
     remainder = Remainder(
         validation.check_one_of(
-            "remainder", _enum_value(remainder), [r.value for r in Remainder]
+            "remainder", policies.enum_value(remainder), [r.value for r in Remainder]
         )
     )
     read = _checks.check_file_options(files, parse_fn, reader)
@@ -438,7 +378,7 @@ def _real_row_batches(
         reshuffle_each_iteration=reshuffle_each_iteration,
     )
     if isinstance(source, tuple):
-        batches = _shard_files(
+        batches = _file_policy.shard_files(
             source,
             layout,
             schedule,
@@ -454,7 +394,7 @@ def _real_row_batches(
                 "tfdist.data.shard: policy='auto' chose 'element': the input "
                 "is a tf.data.Dataset (pass file paths for the file policy)."
             )
-        batches, steps = _shard_elements(
+        batches, steps = _element_policy.shard_elements(
             source,
             layout,
             schedule,
@@ -465,343 +405,3 @@ def _real_row_batches(
     return batches, layout, remainder, None
 
 
-def _enum_value(value: object) -> object:
-    return value.value if isinstance(value, enum.Enum) else value
-
-
-def _drop(remainder: Remainder) -> bool:
-    return remainder is Remainder.DROP
-
-
-def _steps_per_window(
-    bytes_per_element: int, per_step: int, max_in_memory_bytes: int
-) -> int:
-    return max(1, (max_in_memory_bytes // 2) // (bytes_per_element * per_step))
-
-
-def _shard_elements(
-    dataset: tf.data.Dataset,
-    layout: _plan.ReplicaLayout,
-    schedule: _pipeline.EpochSchedule,
-    remainder: Remainder,
-    max_in_memory_bytes: int,
-) -> tuple[tf.data.Dataset, int | None]:
-    """Element policy: one global permutation, each pipeline its replicas.
-
-    Returns the per-replica batches and the number of global steps of every
-    iteration (None when iterations differ: resumption mid-epoch).
-    """
-    _checks.check_dense_elements(dataset.element_spec)
-    if remainder is Remainder.PAD:
-        _checks.check_pad_structure(dataset.element_spec)
-    num_elements, was_counted = _source.count_elements(dataset)
-    if was_counted:
-        logging.info(
-            "tfdist.data.shard: dataset cardinality is unknown; counted "
-            "%d elements in one full pass over the input.",
-            num_elements,
-        )
-    if num_elements == 0:
-        raise errors.ConfigError(
-            "dataset is empty (0 elements); there is nothing to shard. Check "
-            "the input files or filters."
-        )
-    batch_size = layout.global_batch_size
-    tail = num_elements % batch_size
-    if remainder is Remainder.ERROR and tail:
-        raise errors.ConfigError(
-            f"dataset size {num_elements} is not divisible by "
-            f"global_batch_size={batch_size} ({tail} examples left over) and "
-            "remainder='error'. Use remainder='pad' (masked padding, every "
-            "example seen) or remainder='drop' (drops the remainder), or a "
-            "global_batch_size that divides the dataset size."
-        )
-    if remainder is Remainder.DROP and num_elements < batch_size:
-        raise errors.ConfigError(
-            f"dataset size {num_elements} is smaller than "
-            f"global_batch_size={batch_size}, so remainder='drop' leaves no "
-            "step at all. Use remainder='pad' or a smaller global_batch_size."
-        )
-    num_steps = _plan.steps_per_epoch(
-        num_elements, batch_size, drop_remainder=_drop(remainder)
-    )
-    if remainder is Remainder.DROP and tail:
-        logging.info(
-            "tfdist.data.shard: remainder='drop' drops %d of %d examples per "
-            "epoch (global_batch_size=%d); a different random subset each "
-            "epoch when shuffling.",
-            tail,
-            num_elements,
-            batch_size,
-        )
-    _checks.check_start_step(
-        schedule.start_step, num_steps, schedule.first_epoch
-    )
-    bytes_per_element = _source.element_bytes(dataset, num_elements)
-    dataset_bytes = bytes_per_element * num_elements
-    if dataset_bytes <= max_in_memory_bytes:
-        logging.info(
-            "tfdist.data.shard: element policy, holding the dataset in memory "
-            "(%d elements, about %d bytes <= max_in_memory_bytes=%d).",
-            num_elements,
-            dataset_bytes,
-            max_in_memory_bytes,
-        )
-        batches = _pipeline.element_in_memory(
-            _source.materialize(dataset, num_elements),
-            num_elements=num_elements,
-            num_steps=num_steps,
-            layout=layout,
-            schedule=schedule,
-        )
-    else:
-        steps_per_window = _steps_per_window(
-            bytes_per_element, batch_size, max_in_memory_bytes
-        )
-        logging.info(
-            "tfdist.data.shard: element policy, streaming the dataset (about "
-            "%d bytes > max_in_memory_bytes=%d) in windows of %d elements, "
-            "permuted within each window; every pipeline reads all of it.",
-            dataset_bytes,
-            max_in_memory_bytes,
-            steps_per_window * batch_size,
-        )
-        batches = _pipeline.element_streaming(
-            dataset,
-            num_elements=num_elements,
-            num_steps=num_steps,
-            layout=layout,
-            schedule=schedule,
-            steps_per_window=steps_per_window,
-            zero_element=_source.zeros_like_element(
-                _source.first_element(dataset)
-            ),
-        )
-    # A known cardinality lets Keras size its epochs. Only declared when it is
-    # the number of global steps: TF's DistributedDatasetsFromFunction
-    # reports the per-worker dataset's element count as its number of steps
-    # (TF 2.21 input_lib `_cardinality`), which is R times too many with R
-    # local replicas; Keras then warns that the input ran out of data.
-    steps = (
-        num_steps - schedule.start_step
-        if schedule.start_step == 0 or not schedule.reshuffle_each_iteration
-        else None
-    )
-    if layout.num_local_replicas == 1 and steps is not None:
-        batches = batches.apply(tf.data.experimental.assert_cardinality(steps))
-    return batches, steps
-
-
-def _file_shards_are_even(
-    counts: np.ndarray, layout: _plan.ReplicaLayout
-) -> bool:
-    """Whether every epoch's round-robin deal gives equal, full-step shards."""
-    num_files = len(counts)
-    return (
-        num_files % layout.num_input_pipelines == 0
-        and bool(np.all(counts == counts[0]))
-        and (num_files // layout.num_input_pipelines * int(counts[0]))
-        % layout.pipeline_batch_size
-        == 0
-    )
-
-
-def _read_files(
-    files: tuple[str, ...],
-    read: Callable[[tf.Tensor], tf.data.Dataset],
-    parse_fn: Callable[..., Nested] | None,
-) -> tf.data.Dataset:
-    """All files, in the given order, as one dataset of parsed elements."""
-    records = tf.data.Dataset.from_tensor_slices(list(files)).flat_map(read)
-    if parse_fn is not None:
-        records = records.map(parse_fn)
-    return records
-
-
-def _shard_files(
-    files: tuple[str, ...],
-    layout: _plan.ReplicaLayout,
-    schedule: _pipeline.EpochSchedule,
-    policy: ShardPolicy,
-    remainder: Remainder,
-    *,
-    read: Callable[[tf.Tensor], tf.data.Dataset],
-    parse_fn: Callable[..., Nested] | None,
-    max_in_memory_bytes: int,
-) -> tf.data.Dataset:
-    """File input: the file policy, or the element policy over all files."""
-    num_pipelines = layout.num_input_pipelines
-    records = _read_files(files, read, parse_fn)  # Traces; reads nothing.
-    _checks.check_dense_elements(records.element_spec)
-    if remainder is Remainder.PAD:
-        _checks.check_pad_structure(records.element_spec)
-    if policy is ShardPolicy.AUTO and len(files) < num_pipelines:
-        logging.info(
-            "tfdist.data.shard: policy='auto' chose 'element': %d files are "
-            "fewer than the %d input pipelines, so every pipeline reads all "
-            "files and takes its share of examples.",
-            len(files),
-            num_pipelines,
-        )
-        policy = ShardPolicy.ELEMENT
-    if policy is ShardPolicy.ELEMENT:
-        return _shard_elements(
-            records,
-            layout,
-            schedule,
-            remainder,
-            max_in_memory_bytes,
-        )[0]
-    counts = _source.count_records(files, read)
-    total = int(counts.sum())
-    logging.info(
-        "tfdist.data.shard: counted the records of %d files once (one full "
-        "read of every file on every worker): %d records.",
-        len(files),
-        total,
-    )
-    if total == 0:
-        raise errors.ConfigError(
-            f"the {len(files)} input files hold no records; there is nothing "
-            "to shard. Check the paths and the reader."
-        )
-    if remainder is Remainder.ERROR and not _file_shards_are_even(
-        counts, layout
-    ):
-        if policy is ShardPolicy.FILE:
-            raise errors.ConfigError(
-                "remainder='error' with policy='file' needs equal, full-step "
-                f"shards every epoch; received {len(files)} files with record "
-                f"counts from {counts.min()} to {counts.max()} for "
-                f"{num_pipelines} input pipelines of "
-                f"{layout.pipeline_batch_size} examples per step. Use "
-                "remainder='pad' or 'drop', or policy='element'."
-            )
-        logging.info(
-            "tfdist.data.shard: policy='auto' chose 'element': "
-            "remainder='error' needs equal shards and the files' record "
-            "counts (%d to %d) do not split evenly over %d input pipelines.",
-            counts.min(),
-            counts.max(),
-            num_pipelines,
-        )
-        return _shard_elements(
-            records,
-            layout,
-            schedule,
-            remainder,
-            max_in_memory_bytes,
-        )[0]
-    if policy is ShardPolicy.AUTO:
-        logging.info(
-            "tfdist.data.shard: policy='auto' chose 'file': %d files for %d "
-            "input pipelines; each pipeline reads whole files.",
-            len(files),
-            num_pipelines,
-        )
-    drop_remainder = _drop(remainder)
-    if drop_remainder:
-        smallest = _plan.min_round_robin_shard_size(counts, num_pipelines)
-        if smallest < layout.pipeline_batch_size:
-            raise errors.ConfigError(
-                "remainder='drop' with policy='file' could drop a whole "
-                f"epoch: a pipeline may get only {smallest} records (its "
-                f"{len(files) // num_pipelines} smallest files), fewer than "
-                f"one step of {layout.pipeline_batch_size}. Use "
-                "remainder='pad', policy='element', or more data per file."
-            )
-    first = _source.first_element(records)
-    first_plan = _pipeline.file_epoch_plan(
-        schedule.first_epoch,
-        record_counts=counts,
-        layout=layout,
-        seed=schedule.seed,
-        shuffle=schedule.shuffle,
-        drop_remainder=drop_remainder,
-    )
-    num_steps = int(first_plan.num_steps)
-    used = num_steps * layout.global_batch_size
-    logging.info(
-        "tfdist.data.shard: file policy, epoch %d: %d global steps; %s %d of "
-        "%d examples (varies by epoch with the file deal).",
-        schedule.first_epoch,
-        num_steps,
-        "drops" if drop_remainder else "pads with",
-        abs(total - used),
-        total,
-    )
-    _checks.check_start_step(
-        schedule.start_step, num_steps, schedule.first_epoch
-    )
-    bytes_per_element = max(
-        1,
-        sum(int(np.asarray(t).nbytes) for t in tf.nest.flatten(first)),
-    )
-    return _pipeline.file_shards(
-        files,
-        counts,
-        reader=read,
-        parse_fn=parse_fn,
-        layout=layout,
-        schedule=schedule,
-        drop_remainder=drop_remainder,
-        steps_per_window=_steps_per_window(
-            bytes_per_element, layout.pipeline_batch_size, max_in_memory_bytes
-        ),
-        zero_element=_source.zeros_like_element(first),
-    )
-
-
-def _finish(
-    batches: tf.data.Dataset,
-    remainder: Remainder,
-    *,
-    layout: _plan.ReplicaLayout,
-    normalize_padded_loss: bool,
-) -> tf.data.Dataset:
-    """Maps `(batch, is_real, M_k)` to what `shard` yields for `remainder`."""
-    global_batch_size = layout.global_batch_size
-    num_replicas = layout.num_replicas_in_sync
-
-    @tf.autograph.experimental.do_not_convert
-    def padded(batch: Nested, is_real: tf.Tensor, num_real: tf.Tensor) -> Nested:
-        def factors(dtype: tf.DType) -> tf.Tensor:
-            if not normalize_padded_loss:
-                return tf.cast(is_real, dtype)
-            scale = row_weights.ratio(global_batch_size, num_real, dtype)
-            return tf.where(is_real, scale, tf.zeros([], dtype))
-
-        return row_weights.with_row_weights(
-            batch, factors, keep_integer_weights=not normalize_padded_loss
-        )
-
-    @tf.autograph.experimental.do_not_convert
-    def split(batch: Nested, is_real: tf.Tensor, num_real: tf.Tensor) -> Nested:
-        rows = tf.nest.map_structure(
-            lambda t: tf.boolean_mask(t, is_real), batch
-        )
-        if not row_weights.is_keras_tuple(rows):
-            return rows
-        num_rows = tf.reduce_sum(tf.cast(is_real, tf.int64))
-
-        def factors(dtype: tf.DType) -> tf.Tensor:
-            if not normalize_padded_loss:
-                return tf.ones([num_rows], dtype)
-            scale = row_weights.ratio(num_replicas * num_rows, num_real, dtype)
-            return tf.fill([num_rows], scale)
-
-        return row_weights.with_row_weights(
-            rows, factors, keep_integer_weights=not normalize_padded_loss
-        )
-
-    if remainder is Remainder.PAD:
-        out = batches.map(padded)
-    elif remainder is Remainder.SPLIT:
-        out = batches.map(split)
-    else:
-        out = batches.map(
-            tf.autograph.experimental.do_not_convert(
-                lambda batch, is_real, num_real_in_step: batch
-            )
-        )
-    return out.prefetch(tf.data.AUTOTUNE)

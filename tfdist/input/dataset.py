@@ -87,6 +87,5 @@ class DistributedDataset(tf.distribute.DistributedDataset):
             body,
             [iterator.get_next_as_optional(), initial_state],
             parallel_iterations=1,
-            return_same_structure=True,
         )
         return final_state

@@ -103,13 +103,22 @@ def distribute_dataset(
         )
     split.check_batched_elements(dataset.element_spec, what="the dataset")
     nominal = nominal_batch_size(dataset)
-    if shard_options is not None:
-        return _sharded(dataset, layout, shard_options, nominal)
     if chief_service is not None and layout.num_workers > 1:
         graph = tf_data.pipeline_graph(dataset)
         findings = determinism.find_nondeterminism(graph)
         if findings and all(f.fixable for f in findings):
             dataset = determinism.seed_shuffles(dataset, graph, chief_service.agreed_seed())
+        elif findings and shard_options is not None:
+            # Every worker reads its own copy to shard it: copies that
+            # differ would not partition the data.
+            raise errors.ConfigError(
+                "shard_options needs an input pipeline that yields the same "
+                "elements on every worker; received a dataset with "
+                f"{', '.join(sorted({str(f) for f in findings}))}. Seed its "
+                "random operations (or move them after the strategy's "
+                "shuffle), or drop shard_options and let the chief serve "
+                "the pipeline."
+            )
         elif findings:
             logging.info(
                 "tfdist: the input pipeline may yield different batches on "
@@ -118,6 +127,8 @@ def distribute_dataset(
                 ", ".join(sorted({str(f) for f in findings})),
             )
             return chief_service.distribute(dataset, nominal)
+    if shard_options is not None:
+        return _sharded(dataset, layout, shard_options, nominal)
     per_replica = map_batches(
         dataset, lambda batch: split.split_batch(batch, layout, nominal)
     ).prefetch(tf.data.AUTOTUNE)

@@ -3,7 +3,8 @@
 Keras reduces a replica's loss over its own rows ("sum_over_batch_size")
 and scales it by 1 / G before the gradients are summed over the G replicas.
 When a global batch of m rows splits unevenly (b_s rows for replica s, for
-example an epoch's last partial batch), that sum is not the mean over the m
+example an epoch's last partial batch, or every batch of a batch size
+the replicas do not divide), that sum is not the mean over the m
 rows that one device computes. Multiplying replica s's loss by
 f_s = G * b_s / m makes it that mean:
 
@@ -48,9 +49,12 @@ def _first_input_value(data: Nested) -> input_values.InputPerReplica | None:
 def check_training_batch(data: Nested, num_replicas_in_sync: int) -> None:
     """Raises ConfigError if `data`'s global batch size cannot be split evenly.
 
-    Called when Keras's `fit` runs a training step (built-in or overridden
-    `train_step`) on tfdist input; a last partial batch is fine, the batch
-    size the input was built with must divide.
+    Called when Keras's `fit` runs an overridden `train_step` on tfdist
+    input: such a step reduces each replica's loss over its own rows, which
+    is one device's mean only when every replica has as many rows. A last
+    partial batch is let through (as TF's strategy does); the batch size the
+    input was built with must divide. (Keras's own `train_step` needs no
+    check: `with_exact_loss` weights it.)
     """
     value = _first_input_value(data)
     if value is None or value.nominal_batch_size is None:
@@ -64,9 +68,11 @@ def check_training_batch(data: Nested, num_replicas_in_sync: int) -> None:
     raise errors.ConfigError(
         f"training batch_size={batch_size} (the batch size of the data "
         f"given to fit) is not divisible by num_replicas_in_sync="
-        f"{num_replicas_in_sync}: every training step gives each replica the "
-        f"same number of rows. Use batch_size={suggestions} (a multiple of "
-        f"{num_replicas_in_sync}); evaluate and predict accept any batch size."
+        f"{num_replicas_in_sync}, and the model overrides train_step, which "
+        f"averages each replica's loss over its own rows: uneven slices would "
+        f"train another model than one device. Use batch_size={suggestions} "
+        f"(a multiple of {num_replicas_in_sync}), or Keras's own train_step "
+        f"(exact for any batch size); evaluate and predict accept any batch size."
     )
 
 

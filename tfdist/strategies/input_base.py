@@ -25,6 +25,7 @@ A strategy using it implements `_input_layout()` and has a
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import tensorflow as tf
@@ -131,11 +132,12 @@ class DistributedInputMixin:
         """`tf.distribute.Strategy.run`, with exact losses for Keras's `fit`.
 
         Runs `fn` on every replica as TF does. When `fn` is a training step
-        of Keras's `fit` (Keras 3 or tf-keras) on tfdist input, the input's
-        batch size is checked first (`ConfigError` if it does not split
-        evenly over the replicas), and Keras's own `train_step` gets a loss
-        factor per replica for uneven batches (see
-        `tfdist/input/train_weights.py`).
+        of Keras's `fit` (Keras 3 or tf-keras) on tfdist input, Keras's own
+        `train_step` gets a loss factor per replica, so that any global
+        batch (one the replicas do not divide included) trains as on one
+        device (see `tfdist/input/train_weights.py`); an overridden
+        `train_step` gets plain slices, and a batch size the replicas do not
+        divide raises `ConfigError` first.
         """
         step = keras_compat.keras_step(fn)
         if step is None or kwargs:
@@ -148,18 +150,68 @@ class DistributedInputMixin:
             # (train_on_batch and test_on_batch are right as Keras does
             # them: each replica's mean over the same rows, averaged.)
             args = (split.split_batch(args[0], self._input_layout(), None),)
-        if step.kind != "train":
-            return super().run(fn, args, kwargs, options)  # type: ignore[misc]
-        train_weights.check_training_batch(args, self.num_replicas_in_sync)
-        if not step.builtin:
-            return super().run(fn, args, kwargs, options)  # type: ignore[misc]
-        fn, args = train_weights.with_exact_loss(fn, args, self.num_replicas_in_sync)
-        with keras_compat.gradients_scaled(step.model):
-            return super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        if step.kind == "train" and not step.builtin:
+            train_weights.check_training_batch(args, self.num_replicas_in_sync)
+        if step.kind == "train" and step.builtin:
+            fn, args = train_weights.with_exact_loss(fn, args, self.num_replicas_in_sync)
+            with keras_compat.gradients_scaled(step.model):
+                outputs = super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        else:
+            outputs = super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        if step.keras3 and step.kind != "predict" and self._input_layout().num_workers > 1:
+            # Keras 3 then averages each logged value over the replicas with
+            # its own cross-worker collective; one collective does them all,
+            # and Keras's reduce of the plain means needs none.
+            outputs = self._mean_of_scalars_at_once(outputs)
+        return outputs
+
+    def _mean_of_scalars_at_once(self, outputs: Any) -> Any:
+        """`outputs` with its float32 scalars averaged over all replicas by one reduce.
+
+        A worker with one replica gets plain tensors from `run` (which TF's
+        multi-worker `reduce` still averages across workers); several give
+        per-replica values. The means are remembered, so that Keras's
+        `reduce(MEAN, mean)` right after returns them without a collective.
+        """
+        leaves = tf.nest.flatten(outputs)
+
+        def components(leaf: Any) -> tuple[Any, ...]:
+            return tuple(leaf.values) if isinstance(leaf, tf.distribute.DistributedValues) else (leaf,)
+
+        scalars = [
+            i
+            for i, leaf in enumerate(leaves)
+            if tf.is_tensor(components(leaf)[0])
+            and components(leaf)[0].shape.rank == 0
+            and components(leaf)[0].dtype == tf.float32
+        ]
+        if len(scalars) < 2:
+            return outputs
+        num_local = len(components(leaves[scalars[0]]))
+        stacked = [tf.stack([components(leaves[i])[r] for i in scalars]) for r in range(num_local)]
+        packed = input_values.per_replica(stacked) if num_local > 1 else stacked[0]
+        means = super().reduce(tf.distribute.ReduceOp.MEAN, packed, None)  # type: ignore[misc]
+        for position, i in enumerate(scalars):
+            leaves[i] = means[position]
+            self._averaged_outputs()[id(leaves[i])] = leaves[i]
+        return tf.nest.pack_sequence_as(outputs, leaves)
+
+    def _averaged_outputs(self) -> weakref.WeakValueDictionary[int, Any]:
+        """Tensors already averaged over every replica, by id (tensors do not hash)."""
+        if "_averaged" not in vars(self):
+            self._averaged: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        return self._averaged
+
+    def _is_averaged(self, value: Any) -> bool:
+        return tf.is_tensor(value) and self._averaged_outputs().get(id(value)) is value
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
         """`tf.distribute.Strategy.reduce`; see the module docstring for input values."""
         leaves = tf.nest.flatten(value)
+        if reduce_op in ("MEAN", tf.distribute.ReduceOp.MEAN) and all(
+            map(self._is_averaged, leaves)
+        ):
+            return value  # Already the mean over every replica.
         if axis is not None or not any(map(input_values.is_input_value, leaves)):
             return super().reduce(reduce_op, value, axis)  # type: ignore[misc]
 

@@ -7,15 +7,15 @@ compression. Variables are mirrored, each replica runs on one device, and
 every step's gradients are summed over replicas, so training with global
 batch B gives the same weights as one device with batch B.
 
-Plain datasets given to Keras are distributed by tfdist's sharder, not TF's
-rebatching (`tfdist/strategies/_input.py`): a last partial batch trains
-exactly as on one device. It also checks the one thing TF leaves to a late
-shape error: a global batch that `num_replicas_in_sync` does not divide.
+Datasets are distributed by tfdist's input path (`tfdist/input/`, through
+`tfdist/strategies/input_base.py`): one pipeline feeds all replicas, each
+global batch is cut into per-replica slices, and a last partial batch
+trains exactly as on one device.
 
 Host memory. When every replica device is a CPU of this process, the
 devices share one memory system and the same cores, so computing the same
-update once per device, and prefetching every batch to every device, only
-multiply memory traffic and ops. There the strategy:
+update once per device only multiplies memory traffic and ops. There the
+strategy:
 
 - applies each variable update once (`update_once_on_host`, the default)
   and copies the result to the other devices:
@@ -28,9 +28,11 @@ multiply memory traffic and ops. There the strategy:
 
   so only the first device's all-reduce result is consumed and the rest
   of the broadcast is pruned from the graph, and optimizer slots are read
-  and written only through the first device's copy;
-- gives every replica its own input pipeline, read on the host by a plain
-  iterator (no `MultiDeviceIterator`; `tfdist/strategies/_input.py`).
+  and written only through the first device's copy.
+
+(Input is read on the host by a plain iterator on every kind of device:
+no `MultiDeviceIterator`, whose per-device GeneratorDatasets make TF lower
+glibc's trim threshold for the whole process.)
 
 TF's own update runs `fn` on every device with that device's arguments.
 Keras passes the all-reduced gradients (equal on every replica) as per-
@@ -186,7 +188,7 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
 
     @property
     def shard_options(self) -> data_options.ShardOptions | None:
-        """How plain datasets are sharded (`None`: `split_batches`)."""
+        """How plain datasets are sharded (`None`: each global batch is cut)."""
         return self._shard_options
 
     def _input_layout(self) -> split.InputLayout:

@@ -4,7 +4,7 @@ A `tf.distribute.MultiWorkerMirroredStrategy` (Keras 3 aggregates metrics
 and `predict` rows across workers only for that class) whose cluster comes
 from `tfdist.cluster` (validated TF_CONFIG) and whose collectives carry a
 timeout. It also works around two Keras 3 bugs in the multi-worker path
-(`shared/notes/tf-extension-points.md`, Q4):
+(observed with Keras 3.15 and TF 2.21):
 
 1. `Trainer._maybe_symbolic_build` calls `strategy.reduce("MEAN", (x, y),
    axis=None)`; TF's `CollectiveAllReduceExtended._reduce_to` does not map
@@ -17,11 +17,13 @@ timeout. It also works around two Keras 3 bugs in the multi-worker path
 `reduce` below maps over the structure and, for scalar values, reduces
 across replicas only (for a scalar, "along axis 0" adds nothing).
 
-Datasets given to `experimental_distribute_dataset` are sharded by tfdist
-(`tfdist/strategies/_input.py`), not TF's auto-sharding: each worker takes
-its replicas' slices of every global batch, so training equals one process
-with the same global batch (a last partial batch included), and TF's
-"failed to apply FILE sharding policy" warning never appears.
+Datasets given to `experimental_distribute_dataset` are distributed by
+tfdist (`tfdist/input/`), not TF's auto-sharding: each worker takes its
+replicas' slices of every global batch (from its own copy of a pipeline
+that is the same on every worker, else from the chief's), so training
+equals one process with the same global batch (a last partial batch
+included), and TF's "failed to apply FILE sharding policy" warning never
+appears.
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ class MultiWorkerMirroredStrategy(
 
     @property
     def shard_options(self) -> data_options.ShardOptions | None:
-        """How plain datasets are sharded (`None`: `split_batches`)."""
+        """How plain datasets are sharded (`None`: each global batch is cut)."""
         return self._shard_options
 
     def _chief_input_service(self) -> data_service.ChiefInputService | None:
@@ -277,7 +279,10 @@ def _communication_settings(
     ring = tf.distribute.experimental.CommunicationImplementation.RING
     if options is None:
         return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, ring
-    if not isinstance(options, tf.distribute.experimental.CommunicationOptions):
+    # `CommunicationOptions(...)` builds a `collective_util.Options`: the
+    # exported name is a factory, not the class, so isinstance needs the
+    # class of an instance.
+    if not isinstance(options, type(tf.distribute.experimental.CommunicationOptions())):
         raise TypeError(
             "communication_options must be a tf.distribute.experimental."
             f"CommunicationOptions; received {options!r} of type "

@@ -2,7 +2,7 @@
 
 Public API: `use_logical_cpus`, `main`, `assert_weights_close`,
 `assert_matches_single_device`, `run_local_cluster`, `run_local_ps_job`,
-`start_local_ps_cluster`, `small_classifier`.
+`start_local_ps_cluster`, `small_classifier`, `small_embedding_classifier`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from tfdist.testing.numerics import Comparison
 from tfdist.testing.numerics import assert_matches_single_device
 from tfdist.testing.numerics import assert_weights_close
 from tfdist.testing.models import small_classifier
+from tfdist.testing.models import small_embedding_classifier
 from tfdist.testing.ps_cluster import run_local_ps_job
 from tfdist.testing.ps_cluster import start_local_ps_cluster
 
@@ -25,6 +26,7 @@ __all__ = [
     "run_local_cluster",
     "run_local_ps_job",
     "small_classifier",
+    "small_embedding_classifier",
     "start_local_ps_cluster",
     "use_logical_cpus",
 ]

@@ -5,10 +5,9 @@ once the collective's input exists (so compute that produces the input is
 not counted as waiting), `after` counts one finished once its result
 exists. A collective is in flight while started > finished. The counters
 cost two scalar increments per collective; TF's own per-collective
-`timeout` instead starts two threads per collective that sleep for the
-whole timeout (measured with TF 2.21: +2 threads per collective per
-process), which a long job would pay with Linux's thread and memory-map
-limits.
+`timeout` instead starts threads per collective that sleep for the whole
+timeout, which a long job would pay with Linux's thread and memory-map
+limits (benchmarks/RESULTS.md, "Multi-worker scaling").
 """
 
 from __future__ import annotations

@@ -183,5 +183,35 @@ class AgreeingDatasetFnTest(_UnseededTestCase):
         self.assertEqual(sorted(shards[0] + shards[1]), _DATA.tolist())
 
 
+class ShardOptionsAcrossWorkersTest(_UnseededTestCase):
+    """With `shard_options`, each worker reads its own copy of the pipeline to shard it."""
+
+    def _worker_datasets(self, dataset: tf.data.Dataset) -> list:
+        options = tfdist.data.ShardOptions(seed=7)
+        return [
+            distribute.distribute_dataset(
+                dataset, split.InputLayout(num_replicas_in_sync=2, num_workers=2, worker_index=w),
+                shard_options=options, chief_service=_FixedSeed())
+            for w in range(2)
+        ]
+
+    def test_an_unseeded_shuffle_upstream_still_partitions_every_epoch(self):
+        # Without an agreed seed, each copy would be read into memory in its
+        # own shuffled order, and the shard permutations would index
+        # different data on each worker.
+        dataset = tf.data.Dataset.from_tensor_slices(_DATA).shuffle(40).batch(8)
+        workers = self._worker_datasets(dataset)
+        for _ in range(2):
+            seen = [int(v) for distributed in workers for element in distributed
+                    for v in element.values[0].numpy()]
+            self.assertEqual(sorted(seen), _DATA.tolist())
+
+    def test_a_pipeline_that_cannot_agree_is_refused_naming_the_fix(self):
+        dataset = tf.data.Dataset.from_generator(
+            _generator, output_signature=tf.TensorSpec([], tf.int64)).batch(8)
+        with self.assertRaisesRegex(errors.ConfigError, r"shard_options.*GeneratorDataset.*drop shard_options"):
+            self._worker_datasets(dataset)
+
+
 if __name__ == "__main__":
     tfdist.testing.main()

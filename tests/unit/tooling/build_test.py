@@ -1,4 +1,4 @@
-"""Checks BUILD against the source tree (STYLE.md §9) and the layering (§1).
+"""Checks BUILD against the source tree and the layering of ARCHITECTURE.md.
 
 BUILD is parsed with Python's `ast` (BUILD syntax is a Python subset) and
 compared with the files on disk; imports are read with tools/build_gen.py's
@@ -60,7 +60,7 @@ build_gen = _load_build_gen(ROOT)
 
 
 # --------------------------------------------------------------------------
-# The layering rules of STYLE.md §1, as data. Amend here when the design does.
+# The layering rules of ARCHITECTURE.md, as data. Amend both when the design does.
 
 #: Layer of each group; a module may import modules of its own group or of a
 #: strictly lower layer. A group is a subpackage (`cluster`), a top-level
@@ -95,7 +95,7 @@ NO_TENSORFLOW = (
     "tfdist/cluster/spec.py",
     "tfdist/cluster/tf_config.py",
     "tfdist/placement/",
-    "tfdist/errors.py",  # DESIGN.md: the errors layer imports no TensorFlow.
+    "tfdist/errors.py",  # ARCHITECTURE.md: the errors layer imports no TensorFlow.
     "tfdist/launch/",  # `tfdist-launch --help` must not wait for TensorFlow.
 )
 
@@ -103,7 +103,7 @@ NO_TENSORFLOW = (
 TENSORFLOW_MODULES = ("keras", "tensorflow", "tf_keras")
 
 #: Private modules of TensorFlow/Keras, and the only files (or directories,
-#: ending in "/") of tfdist/ and examples/ that may import them (STYLE.md §1).
+#: ending in "/") of tfdist/ and examples/ that may import them (ARCHITECTURE.md).
 PRIVATE_UPSTREAM = {
     "tensorflow.python": ("tfdist/_internal/",),
     "tensorflow.core": ("tfdist/_internal/",),
@@ -393,7 +393,7 @@ class BuildFileTest(absltest.TestCase):
 
 
 # --------------------------------------------------------------------------
-# Layering (STYLE.md §1).
+# Layering (ARCHITECTURE.md).
 
 
 class LayeringTest(absltest.TestCase):
@@ -444,7 +444,7 @@ class LayeringTest(absltest.TestCase):
                         ),
                         f"{source.path} ({group}, layer {layer}) imports "
                         f"{module} ({imported_group}, layer {imported_layer})"
-                        "; STYLE.md §1 allows only lower layers",
+                        "; ARCHITECTURE.md allows only lower layers",
                     )
 
     def test_pure_python_modules_import_no_tensorflow_even_transitively(self):

@@ -1,0 +1,72 @@
+"""The model, data and fitting that the user-pattern conformance tests share.
+
+Every pattern runs on the same small model (the flat digits with their id
+read by `ExampleCounter`, a `Dense(32)` and a `Dense(10)` from logits,
+Adam) and the same data (`harness.load_mnist_like`: 256 training and 128
+test examples, global batch 32), each contender from the same seed.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tests.conformance import harness
+
+keras = tf.keras
+NUM_TRAIN = 256
+NUM_TEST = 128
+BATCH_SIZE = 32
+EPOCHS = 2
+
+
+def load_data():
+    """Flat digits scaled to [0, 1]: (x_train, y_train), (x_test, y_test)."""
+    (train_images, y_train), (test_images, y_test) = harness.load_mnist_like(
+        num_train=NUM_TRAIN, num_test=NUM_TEST)
+    return (harness.flat_images(train_images) / 255, y_train), (
+        harness.flat_images(test_images) / 255, y_test)
+
+
+def build_model(strategy, *middle, model_class=keras.Sequential, **compile_kwargs):
+    """The patterns' model, `middle` layers after the first Dense, compiled under the scope."""
+    with strategy.scope():
+        layers = [
+            keras.Input((785,)),
+            harness.ExampleCounter(harness.NUM_DIGITS, id_scale=1 / 255),
+            keras.layers.Dense(32, activation="relu"),
+            *middle,
+            keras.layers.Dense(10),
+        ]
+        if model_class is keras.Sequential:
+            model = keras.Sequential(layers)
+        else:  # A functional model of a subclass of keras.Model.
+            outputs = layers[0]
+            for layer in layers[1:]:
+                outputs = layer(outputs)
+            model = model_class(layers[0], outputs)
+        model.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            **compile_kwargs)
+    return model
+
+
+def train_dataset(x, y):
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(NUM_TRAIN).batch(BATCH_SIZE)
+
+
+def fit_dataset(contender, record, *middle, model_class=keras.Sequential, compile_kwargs=None, **fit_kwargs):
+    """Builds the model and fits it on the shuffled training dataset, recording all."""
+    strategy = harness.make_strategy(contender)
+    (x_train, y_train), _ = load_data()
+    model = build_model(strategy, *middle, model_class=model_class, **(compile_kwargs or {}))
+    fit_kwargs.setdefault("x", train_dataset(x_train, y_train))
+    record.values["history"] = harness.fit_counting(
+        model, strategy, record, epochs=EPOCHS, verbose=0, **fit_kwargs)
+    record.weights = model.get_weights()
+
+
+def named(names):
+    """`named_parameters` cases whose name is the scenario's."""
+    return [(name, name) for name in names]

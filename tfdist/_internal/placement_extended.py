@@ -1,0 +1,281 @@
+"""The `StrategyExtended` behind `tfdist.LayerPlacementStrategy` (TF private).
+
+One replica whose layers live on several devices. TF's `Strategy.run`
+calls `extended.call_for_each_replica`, which only the V1
+`tf.compat.v1.distribute.StrategyExtended` defines, so this class derives
+from it (as every built-in strategy does) and implements the underscore
+hooks that are TF's real strategy contract.
+
+Variables. Every variable created under the strategy's scope is created on
+the host (`host_device`) until a plan says where it goes, then moved there
+by `move` (`variables.move_variable`: same Python object, new device); a
+variable created with `colocate_with` (an optimizer slot) is created next
+to that variable and moves with it.
+
+Ops. A graph device function keyed on what is being traced places every
+op of a replica step that has no device of its own:
+
+    op created while a placed layer's call runs (forward) -> that layer's device
+    op named "gradient_tape/<scope>/..." where <scope> is a recorded call
+        scope of a placed layer (its backward)            -> that layer's device
+    op reading a resource (a variable)                    -> left to TF, which
+                                                             colocates it with
+                                                             the variable
+    any other op -> the device of its inputs: the latest stage among them for
+        a forward op (loss, metrics: where the logits are), the earliest for
+        a backward op (the gradient of an op between two layers runs where
+        that op ran); with no placed input, the last layer's device
+
+Ops do not follow their variables by themselves: a `tf.device` around a
+layer's call places its forward ops but not the gradients the tape creates
+(they land on the default device), which is why the backward ops are
+matched by name scope. Layer calls are recorded by the strategy's wrappers
+(`enter_layer_call`) while a step is traced.
+
+Private TF API used (tested range: see setup.py): the `StrategyExtended`
+underscore hooks; `distribute_lib.UpdateContext` (through
+`mirrored_extended.update_context`); `distribute_utils.select_replica`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, ContextManager
+
+import tensorflow as tf
+
+from tfdist._internal import mirrored_extended
+from tfdist._internal import variables as variables_lib
+
+__all__ = ["PlacementExtended"]
+
+#: Prefix of the ops `tf.GradientTape` creates for a forward op's gradient.
+_BACKWARD_PREFIX = "gradient_tape/"
+
+
+def _short(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:1' -> '/device:CPU:1'."""
+    return "/device:" + device.rsplit("/device:", 1)[-1] if "/device:" in device else device
+
+
+class PlacementExtended(tf.compat.v1.distribute.StrategyExtended):  # type: ignore[misc]
+    """One replica spread over `devices` by layer; see the module docstring.
+
+    Args:
+      container_strategy: The `tf.distribute.Strategy` this extends.
+      devices: Canonical stage device names ("/device:CPU:1"), in order.
+      host_device: Where variables wait for a plan, and the input lives.
+      replica_scope: Returns the context entered around every replica step
+        (the strategy installs its layer-call wrappers there).
+    """
+
+    def __init__(
+        self,
+        container_strategy: tf.distribute.Strategy,
+        *,
+        devices: tuple[str, ...],
+        host_device: str,
+        replica_scope: Callable[[], ContextManager[None]],
+    ) -> None:
+        super().__init__(container_strategy)
+        self._devices = devices
+        self._stage_of = {device: index for index, device in enumerate(devices)}
+        self._host_device = host_device
+        self._default_device = host_device
+        self._replica_scope = replica_scope
+        self._created: list[weakref.ReferenceType[tf.Variable]] = []
+        self._colocated: dict[int, list[weakref.ReferenceType[tf.Variable]]] = {}
+        self._call_scopes: weakref.WeakKeyDictionary[Any, dict[str, str]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._active = threading.local()
+
+    # ------------------------------------------------------------------
+    # Variables.
+
+    def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+        colocate_with = kwargs.pop("colocate_with", None)
+        device = self._default_device if colocate_with is None else colocate_with.device
+        with tf.device(device):
+            variable = next_creator(**kwargs)
+        reference = weakref.ref(variable)
+        self._created.append(reference)
+        if colocate_with is not None:
+            self._colocated.setdefault(id(colocate_with), []).append(reference)
+        return variable
+
+    def created_variables(self) -> list[tf.Variable]:
+        """Variables created under the scope that still exist, oldest first."""
+        alive = [v for v in (r() for r in self._created) if v is not None]
+        self._created = [weakref.ref(v) for v in alive]
+        return alive
+
+    def is_on_host(self, variable: tf.Variable) -> bool:
+        """Whether `variable` still waits on the host for a plan."""
+        return _short(variable.device) == _short(self._host_device)
+
+    def move(self, variable: tf.Variable, device: str) -> None:
+        """Moves `variable`, and the variables colocated with it, to `device`."""
+        if not variables_lib.is_resource_variable(variable):
+            return
+        variables_lib.move_variable(variable, device)
+        for reference in self._colocated.get(id(variable), ()):
+            dependent = reference()
+            if dependent is not None:
+                variables_lib.move_variable(dependent, device)
+
+    def set_default_variable_device(self, device: str) -> None:
+        """Where variables created later without `colocate_with` go."""
+        self._default_device = device
+
+    # ------------------------------------------------------------------
+    # Op placement.
+
+    @contextlib.contextmanager
+    def enter_layer_call(self, device: str) -> Iterator[None]:
+        """Marks a placed layer's call: its ops, forward and backward, go to `device`."""
+        if not tf.executing_eagerly():
+            graph = tf.compat.v1.get_default_graph()
+            scopes = self._call_scopes.setdefault(graph, {})
+            scopes[tf.get_current_name_scope() + "/"] = device
+        stack = self._active_stack()
+        stack.append(device)
+        self._active.last = device
+        try:
+            with tf.device(device):
+                yield
+        finally:
+            stack.pop()
+
+    def _active_stack(self) -> list[str]:
+        if not hasattr(self._active, "stack"):
+            self._active.stack = []
+        return self._active.stack  # type: ignore[no-any-return]
+
+    def _op_device(self, op: tf.Operation) -> str:
+        """The graph device function (module docstring)."""
+        if op.device:
+            return op.device  # An explicit tf.device wins.
+        stack = self._active_stack()
+        if stack:
+            return stack[-1]
+        backward = op.name.startswith(_BACKWARD_PREFIX) or (
+            "/" + _BACKWARD_PREFIX in op.name
+        )
+        if backward:
+            scopes = self._call_scopes.get(op.graph, {})
+            name = op.name.split(_BACKWARD_PREFIX, 1)[1]
+            parts = name.split("/")
+            for end in range(1, len(parts)):
+                device = scopes.get("/".join(parts[:end]) + "/")
+                if device is not None:
+                    return device
+        stages = []
+        for tensor in op.inputs:
+            if tensor.dtype == tf.resource:
+                return ""  # TF colocates it with the variable.
+            stage = self._stage_of.get(_short(tensor.op.device))
+            if stage is not None:
+                stages.append(stage)
+        if stages:
+            return self._devices[min(stages) if backward else max(stages)]
+        return getattr(self._active, "last", "")
+
+    # ------------------------------------------------------------------
+    # TF's StrategyExtended hooks.
+
+    def _call_for_each_replica(self, fn: Any, args: Any, kwargs: Any) -> Any:
+        args = mirrored_extended.select_replica(0, args)
+        kwargs = mirrored_extended.select_replica(0, kwargs or {})
+        if tf.executing_eagerly():
+            device_functions: ContextManager[Any] = contextlib.nullcontext()
+        else:
+            device_functions = tf.compat.v1.get_default_graph().device(self._op_device)
+        strategy = self._container_strategy()
+        with self._replica_scope(), device_functions, tf.distribute.ReplicaContext(
+            strategy, replica_id_in_sync_group=0
+        ):
+            return fn(*args, **kwargs)
+
+    def _experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
+        return value_fn(tf.distribute.experimental.ValueContext())
+
+    def _reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any) -> Any:
+        del reduce_op, destinations, options  # One replica: the value itself.
+        return mirrored_extended.select_replica(0, value)
+
+    def _gather_to_implementation(
+        self, value: Any, destinations: Any, axis: Any, options: Any
+    ) -> Any:
+        del destinations, axis, options
+        return mirrored_extended.select_replica(0, value)
+
+    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        del destinations
+        return tensor
+
+    def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
+        # Keras's optimizers apply every gradient through here: the update
+        # runs on the variable's own device.
+        with tf.device(var.device), mirrored_extended.update_context(0):
+            result = fn(
+                var,
+                *mirrored_extended.select_replica(0, args),
+                **mirrored_extended.select_replica(0, kwargs or {}),
+            )
+        return result if group else tf.nest.map_structure(lambda x: (x,), result)
+
+    def _update_non_slot(
+        self, colocate_with: Any, fn: Any, args: Any, kwargs: Any, group: bool
+    ) -> Any:
+        del colocate_with
+        with mirrored_extended.update_context(0):
+            result = fn(*args, **(kwargs or {}))
+        return result if group else tf.nest.map_structure(lambda x: (x,), result)
+
+    def read_var(self, var: Any) -> Any:
+        return tf.identity(var)
+
+    def value_container(self, value: Any) -> Any:
+        return value
+
+    def _local_results(self, value: Any) -> tuple[Any, ...]:
+        return (value,)
+
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        return 1
+
+    def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
+        return replica_id_in_sync_group
+
+    def _in_multi_worker_mode(self) -> bool:
+        return False
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        # The one replica's input lives on the host.
+        return (self._host_device,)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        return self._devices
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return False
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return True
+
+    @property
+    def should_save_summary(self) -> bool:
+        return True
