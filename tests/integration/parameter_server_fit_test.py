@@ -168,6 +168,23 @@ def fit_scenarios() -> dict[str, object]:
             "trained": int(counter.counts.numpy().sum()),
         }
 
+    def dataset_creator():
+        # TF's parameter-server tutorial: fit(DatasetCreator(dataset_fn),
+        # steps_per_epoch=...). tf-keras only (Keras 3 has no DatasetCreator).
+        if KERAS_3:
+            return {"skipped": True}
+        model, counter = _build(keras, strategy, steps_per_execution=2)
+
+        def dataset_fn(input_context):
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH_SIZE)
+
+        creator = keras.utils.experimental.DatasetCreator(dataset_fn)
+        model.fit(creator, epochs=2, steps_per_epoch=4, verbose=0)
+        return {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "trained": int(counter.counts.numpy().sum()),
+        }
+
     def checkpoint_callbacks():
         model, _ = _build(keras, strategy)
         directory = tempfile.mkdtemp(prefix="tfdist-ps-fit-")
@@ -227,6 +244,7 @@ def fit_scenarios() -> dict[str, object]:
     _scenario(record, "many_small_steps", many_small_steps)
     _scenario(record, "steps_per_execution", steps_per_execution)
     _scenario(record, "repeat_and_steps_per_epoch", repeat_and_steps_per_epoch)
+    _scenario(record, "dataset_creator", dataset_creator)
     _scenario(record, "checkpoint_callbacks", checkpoint_callbacks)
     _scenario(record, "train_on_batch", train_on_batch)
     record["steps_rerun"] = strategy.steps_rerun
@@ -295,6 +313,12 @@ class ParameterServerFitTest(tf.test.TestCase):
         result = self.scenario("repeat_and_steps_per_epoch")
         self.assertEqual(result["iterations"], 12)
         self.assertEqual(result["trained"], 12 * BATCH_SIZE)
+
+    @pytest.mark.skipif(KERAS_3, reason="DatasetCreator is tf-keras only")
+    def test_dataset_creator_and_steps_per_epoch_as_in_tf_tutorial(self):
+        result = self.scenario("dataset_creator")
+        self.assertEqual(result["iterations"], 8)
+        self.assertEqual(result["trained"], 8 * BATCH_SIZE)
 
     def test_backup_and_restore_resumes_after_an_interruption(self):
         result = self.scenario("checkpoint_callbacks")

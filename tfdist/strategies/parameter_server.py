@@ -286,6 +286,31 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         call = keras_ps.calling_model()
         if call is None:
             return super().experimental_distribute_dataset(dataset, options)
+        return self._chief_dataset(call, dataset)
+
+    def distribute_datasets_from_function(
+        self,
+        dataset_fn: Any,
+        options: tf.distribute.InputOptions | None = None,
+    ) -> tf.distribute.DistributedDataset:
+        """As `experimental_distribute_dataset`, for a dataset function.
+
+        Called by tf-keras's `fit` with a `DatasetCreator` (TF's
+        parameter-server tutorial): the chief calls `dataset_fn` once, with
+        a one-pipeline `tf.distribute.InputContext`, and reads that
+        dataset. Called from anywhere else, TF's.
+
+        Args:
+          dataset_fn: `InputContext -> tf.data.Dataset`.
+          options: TF's `tf.distribute.InputOptions` (used by TF's path).
+        """
+        # Any (dataset_fn): any callable, as TF accepts.
+        call = keras_ps.calling_model()
+        if call is None:
+            return super().distribute_datasets_from_function(dataset_fn, options)
+        return self._chief_dataset(call, dataset_fn(tf.distribute.InputContext()))
+
+    def _chief_dataset(self, call: keras_ps.KerasCall, dataset: Any) -> keras_loop.ChiefDataset:
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(
                 f"{call.method} was given data the strategy cannot read: "
