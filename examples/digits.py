@@ -8,6 +8,9 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python examples/digits.py --strategy=layer_placement --num_microbatches=4 --model=deep_mlp
         # the layers over 4 CPUs, pipelined; prints where each layer went
     python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=multi_worker
+    python -m tfdist.launch --chief --workers 2 --ps 2 -- python -u examples/digits.py \
+        --strategy=parameter_server          # variables on 2 ps, steps on 2 workers
+    python examples/digits.py --strategy=parameter_server  # the same, in-process cluster
 
 Prints Keras's progress bar, then per-epoch test accuracy and examples/s
 (with --strategy=layer_placement also the placement report).
@@ -29,9 +32,13 @@ import tfdist
 
 _STRATEGY = flags.DEFINE_enum(
     "strategy", "mirrored",
-    ["mirrored", "multi_worker", "layer_placement", "tf_mirrored", "single"],
+    ["mirrored", "multi_worker", "parameter_server", "layer_placement", "tf_mirrored",
+     "single"],
     "mirrored: tfdist.MirroredStrategy; multi_worker: "
     "tfdist.MultiWorkerMirroredStrategy over the TF_CONFIG cluster; "
+    "parameter_server: tfdist.ParameterServerStrategy (asynchronous) over "
+    "the TF_CONFIG cluster (chief, workers, ps), or without TF_CONFIG an "
+    "in-process cluster of 2 workers and 2 ps; "
     "layer_placement: tfdist.LayerPlacementStrategy (the layers in stages "
     "over the devices, --num_microbatches per step); "
     "tf_mirrored: tf.distribute's built-in MirroredStrategy; single: one "
@@ -159,6 +166,16 @@ def make_strategy(config: TrainConfig):
                   "--strategy=multi_worker", flush=True)
         # tfdist: workers from TF_CONFIG.
         return tfdist.MultiWorkerMirroredStrategy(compression=config.compression)
+    if config.strategy == "parameter_server":
+        cluster = None  # tfdist: chief, workers and ps from TF_CONFIG.
+        if tfdist.cluster.parse_tf_config().is_local:
+            print("No TF_CONFIG cluster: training on an in-process cluster of "
+                  "2 workers and 2 ps. For separate processes run:\n  python "
+                  "-m tfdist.launch --chief --workers 2 --ps 2 -- python -u "
+                  "examples/digits.py --strategy=parameter_server", flush=True)
+            cluster = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
+        # tfdist: on worker and ps tasks this serves and never returns.
+        return tfdist.ParameterServerStrategy(cluster)
     if config.strategy == "layer_placement":
         # tfdist: the layers in stages over all local devices, M microbatches a step.
         return tfdist.LayerPlacementStrategy(num_microbatches=config.num_microbatches)
@@ -167,14 +184,17 @@ def make_strategy(config: TrainConfig):
 
 
 def train(config: TrainConfig) -> TrainResult:
-    if config.simulate_cpu_devices and config.strategy != "multi_worker":
+    if config.simulate_cpu_devices and config.strategy not in (
+            "multi_worker", "parameter_server"):
         tfdist.simulate_cpu_devices(config.simulate_cpu_devices)  # tfdist: N logical CPUs.
 
     (x_train, y_train), (x_test, y_test) = load_data(config.data_path)
     strategy = make_strategy(config)
     print(f"strategy={config.strategy} replicas={strategy.num_replicas_in_sync} "
           f"global_batch_size={config.global_batch_size}", flush=True)
-    with strategy.scope():  # tfdist: variables created here are distributed.
+    # tfdist: variables created here are distributed (on the ps tasks with
+    # --strategy=parameter_server).
+    with strategy.scope():
         model = build_model(x_train.shape[1], int(y_train.max()) + 1,
                             config.learning_rate, config.model)
     throughput = Throughput(config.global_batch_size)

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist.strategies import LayerPlacementStrategy
     from tfdist.strategies import MirroredStrategy
     from tfdist.strategies import MultiWorkerMirroredStrategy
+    from tfdist.strategies import ParameterServerStrategy
 
 __all__ = [
     "AllReduce",
@@ -59,6 +60,7 @@ __all__ = [
     "LayerPlacementStrategy",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
     "ReduceToOneAllReduce",
     "RingAllReduce",
     "TreeAllReduce",
@@ -92,6 +94,7 @@ _ATTRIBUTE_MODULES = {
     "LayerPlacementStrategy": "tfdist.strategies",
     "MirroredStrategy": "tfdist.strategies",
     "MultiWorkerMirroredStrategy": "tfdist.strategies",
+    "ParameterServerStrategy": "tfdist.strategies",
 }
 
 

@@ -20,7 +20,7 @@ _SCRIPT = os.path.join(_ROOT, "examples", "digits.py")
 _TIMEOUT_S = 240
 
 
-def _run(args, *, launcher_args=None):
+def _run(args, *, launcher_args=None, extra_env=None):
     command = [sys.executable, "-u", _SCRIPT, "--epochs=1", "--steps=2", *args]
     if launcher_args is not None:
         command = [sys.executable, "-m", "tfdist.launch", *launcher_args, "--", *command]
@@ -29,7 +29,8 @@ def _run(args, *, launcher_args=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT, env=env,
+        command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT,
+        env={**env, **(extra_env or {})},
     )
 
 
@@ -39,6 +40,9 @@ class DigitsExampleTest(parameterized.TestCase):
         {"testcase_name": "tfdist_mirrored_ring", "args": ["--all_reduce=ring"], "replicas": 4},
         {"testcase_name": "tf_builtin_mirrored", "args": ["--strategy=tf_mirrored"], "replicas": 4},
         {"testcase_name": "single_device", "args": ["--strategy=single"], "replicas": 1},
+        # No TF_CONFIG: an in-process cluster of 2 workers and 2 ps.
+        {"testcase_name": "parameter_server_in_process",
+         "args": ["--strategy=parameter_server"], "replicas": 1},
     )
     def test_runs_and_reports_accuracy_and_throughput(self, args, replicas):
         result = _run(args)
@@ -77,6 +81,25 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertEqual(os.listdir(model_dir), ["digits.weights.h5"])
         self.assertIn("[worker:0] saved weights to", output)
         self.assertNotIn("[worker:1] saved weights", output)
+
+    @parameterized.named_parameters(
+        ("keras3", {"TF_USE_LEGACY_KERAS": "0"}),
+        ("tf_keras", {"TF_USE_LEGACY_KERAS": "1"}),
+    )
+    def test_parameter_server_runs_under_the_launcher(self, extra_env):
+        # The same script on every task: worker and ps tasks serve inside
+        # the strategy's constructor; the chief trains and its exit ends
+        # the job.
+        result = _run(
+            ["--strategy=parameter_server"],
+            launcher_args=["--chief", "--workers", "2", "--ps", "2", "--timeout-s", "200"],
+            extra_env=extra_env,
+        )
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, 0, msg=output[-3000:])
+        self.assertRegex(output, r"\[chief:0\] test_accuracy=0\.\d{4}")
+        self.assertEqual(output.count("test_accuracy="), 1, msg=output[-3000:])
+        self.assertIn("the chief exited 0", output)
 
     @parameterized.named_parameters(
         ("all_reduce", "--all_reduce=butterfly", "butterfly"),

@@ -22,6 +22,8 @@ from tensorflow.python.distribute import distribute_utils as _distribute_utils
 from tensorflow.python.distribute import mirrored_strategy as _mirrored_strategy
 from tensorflow.python.distribute import values as _values
 
+from tfdist._internal import update_hook
+
 __all__ = [
     "MirroredExtended",
     "UpdateHookExtended",
@@ -55,30 +57,8 @@ def update_regroup(extended: Any, updates: Sequence[Any], group: bool) -> Any:
     return _distribute_utils.update_regroup(extended, list(updates), group)
 
 
-class UpdateHookExtended(MirroredExtended):  # type: ignore[misc,valid-type]
+class UpdateHookExtended(update_hook.UpdateHook, MirroredExtended):  # type: ignore[misc,valid-type]
     """TF's MirroredExtended whose variable updates go through a public hook.
 
-    `StrategyExtended.update` (how Keras's optimizer applies every gradient)
-    calls the private `_update`; this class sends it to
-    `update_variable(var, fn, args, kwargs, group, default=...)`, which a
-    subclass overrides; `default()` runs TF's own update.
+    See `update_hook.UpdateHook`: a subclass overrides `update_variable`.
     """
-
-    def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
-        return self.update_variable(
-            var,
-            fn,
-            args,
-            kwargs,
-            group,
-            default=lambda: super(UpdateHookExtended, self)._update(
-                var, fn, args, kwargs, group
-            ),
-        )
-
-    def update_variable(
-        self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool, *, default: Any
-    ) -> Any:
-        """Updates `var` with `fn(var, *args, **kwargs)`; by default as TF does."""
-        del var, fn, args, kwargs, group
-        return default()

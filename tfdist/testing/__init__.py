@@ -1,8 +1,8 @@
 """Test helpers shipped with tfdist, so users can test their own models.
 
 Public API: `use_logical_cpus`, `main`, `assert_weights_close`,
-`assert_matches_single_device`, `run_local_cluster`, `small_classifier`,
-`small_embedding_classifier`.
+`assert_matches_single_device`, `run_local_cluster`, `run_local_ps_job`,
+`start_local_ps_cluster`, `small_classifier`, `small_embedding_classifier`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from tfdist.testing.numerics import assert_matches_single_device
 from tfdist.testing.numerics import assert_weights_close
 from tfdist.testing.models import small_classifier
 from tfdist.testing.models import small_embedding_classifier
+from tfdist.testing.ps_cluster import run_local_ps_job
+from tfdist.testing.ps_cluster import start_local_ps_cluster
 
 __all__ = [
     "Comparison",
@@ -22,7 +24,9 @@ __all__ = [
     "assert_weights_close",
     "main",
     "run_local_cluster",
+    "run_local_ps_job",
     "small_classifier",
     "small_embedding_classifier",
+    "start_local_ps_cluster",
     "use_logical_cpus",
 ]

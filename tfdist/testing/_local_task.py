@@ -15,7 +15,9 @@ which imports TensorFlow).
   type name, message, traceback text, pickled exception or None)`. Exits 0
   on success, 1 on error.
 - ps TASK: starts a `tf.distribute.Server` for its task from TF_CONFIG and
-  blocks in `join()` until the parent kills it.
+  blocks in `join()` until the parent kills it; or, when the header's
+  `serve_ps` is false (a parameter-server job), calls `fn` as the other
+  tasks do (a tfdist parameter-server strategy serves there).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def main(argv: Sequence[str]) -> int:
     with open(call_file, "rb") as f:
         header = pickle.load(f)
         sys.path[:] = header["sys_path"]
-        if task_name.startswith("ps:"):
+        if task_name.startswith("ps:") and header.get("serve_ps", True):
             _serve_ps()
             return 0
         try:

@@ -116,7 +116,39 @@ def run_local_cluster(
       >>> run_local_cluster(task_name, num_workers=2)
       ('worker:0', 'worker:1')
     """
+    return run_job(
+        fn,
+        shape=launch.JobShape(num_workers, num_ps=num_ps, has_chief=has_chief),
+        kind=launch.JobKind.MULTI_WORKER,
+        timeout_s=timeout_s,
+        args=args,
+        env=env,
+        isolate=isolate,
+    )
+
+
+def run_job(
+    fn: Callable[..., Any],
+    *,
+    shape: launch.JobShape,
+    kind: launch.JobKind,
+    timeout_s: float,
+    args: Sequence[Any],
+    env: Mapping[str, str] | None,
+    isolate: bool | None,
+    worker_restarts: int = launch.DEFAULT_WORKER_RESTARTS,
+) -> tuple[Any, ...]:
+    """Runs `fn` on the tasks of `shape` under `kind`'s rules; what each ran returned.
+
+    `MULTI_WORKER`: `fn` runs on every chief/worker task (ps tasks run a
+    plain server) and every one's value is returned, in task order.
+    `PARAMETER_SERVER`: `fn` runs on every task (it serves on workers and
+    ps), the job ends when the chief returns, and the chief's value is
+    returned (a 1-tuple). Used by `run_local_cluster` and
+    `tfdist.testing.run_local_ps_job`, which document the arguments.
+    """
     header = _function_header(fn)
+    header["serve_ps"] = kind is launch.JobKind.MULTI_WORKER
     timeout_s = validation.check_positive_number("timeout_s", timeout_s)
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise TypeError(
@@ -132,9 +164,7 @@ def run_local_cluster(
             "process can unpickle. Pass plain values (numbers, str, numpy "
             "arrays), not tensors, locks or open files."
         ) from e
-    cluster = launch.make_local_cluster(
-        launch.JobShape(num_workers, num_ps=num_ps, has_chief=has_chief)
-    )
+    cluster = launch.make_local_cluster(shape)
     task_env = dict(os.environ)  # The tasks inherit the parent's environment.
     task_env.setdefault("TF_NUM_INTEROP_THREADS", str(cluster.num_workers + 1))
     task_env.setdefault("TF_NUM_INTRAOP_THREADS", _INTRAOP_THREADS)
@@ -150,12 +180,12 @@ def run_local_cluster(
             lambda task: [sys.executable, task_main, call_file, tmp, task.name],
             env=task_env,
             grace_period_s=GRACE_PERIOD_S,
-            # fn runs to its end on every chief/worker task, whatever the ps.
-            kind=launch.JobKind.MULTI_WORKER,
+            kind=kind,
+            worker_restarts=worker_restarts,
             isolate=isolate,
         )
         result = job.run(timeout_s=timeout_s)
-        return _collect(result, tmp)
+        return _collect(result, tmp, kind)
 
 
 def _function_header(fn: object) -> dict[str, Any]:
@@ -219,8 +249,10 @@ def _read_record(result_dir: str, task_name: str) -> tuple[Any, ...] | None:
     return record  # type: ignore[no-any-return]
 
 
-def _collect(result: launch.JobResult, result_dir: str) -> tuple[Any, ...]:
-    """Returns the chief/worker values, or raises what `result` calls for."""
+def _collect(
+    result: launch.JobResult, result_dir: str, kind: launch.JobKind
+) -> tuple[Any, ...]:
+    """Returns the values `run_job` promises, or raises what `result` calls for."""
     if result.outcome is launch.JobOutcome.TIMED_OUT:
         stuck = [
             r.task.name
@@ -236,9 +268,12 @@ def _collect(result: launch.JobResult, result_dir: str) -> tuple[Any, ...]:
             task=stuck[0] if stuck else None,
         )
     if result.outcome is launch.JobOutcome.SUCCEEDED:
+        returning = (
+            ("chief",) if kind is launch.JobKind.PARAMETER_SERVER else ("chief", "worker")
+        )
         values = []
         for task_result in result.tasks:
-            if task_result.task.task_type in ("chief", "worker"):
+            if task_result.task.task_type in returning:
                 name = task_result.task.name
                 record = _read_record(result_dir, name)
                 if record is None or record[0] != "ok":

@@ -75,6 +75,7 @@ LAYERS: dict[str, int] = {
     "data": 3,
     "watchdog": 3,  # Bounded waits of multi-task jobs: cluster + _internal.
     "input": 4,  # Distributed input: data + _internal (+ cluster).
+    "parameter_server": 4,  # PS training machinery: cluster, watchdog, _internal.
     "strategies": 5,
     "testing": 6,  # "may import any public API".
     "__init__": 7,

@@ -1,0 +1,124 @@
+"""Parameter-server training: tfdist.ParameterServerStrategy vs TF's, steps per second.
+
+    python benchmarks/ps.py [--steps=200] [--rounds=3]
+
+Each run is its own process (`tfdist.testing.run_local_cluster`, one
+task) holding an in-process cluster of 2 workers and 2 ps
+(`tfdist.testing.start_local_ps_cluster`: servers with the inter-op
+threads TF's runtime needs). Same model (MLP 32->256->256->10, 0.08 M
+parameters, variables round robin over the 2 ps), same batch (64), same
+data. Configurations:
+
+- tfdist async, Keras 3 (a finite dataset, as on one device);
+- tfdist async, tf-keras;
+- TF's `tf.distribute.ParameterServerStrategy`, tf-keras (its own
+  ClusterCoordinator path: `repeat()` + `steps_per_epoch`);
+- tfdist sync, Keras 3 (each batch split over the 2 workers, applied once:
+  2 slices + 1 apply per step, so at most about a third of async's rate).
+
+Steps/s is measured over the second epoch (the first includes tracing).
+Configurations alternate per round; medians are reported. Keras 3 cannot
+run TF's strategy at all (its `fit` has no ClusterCoordinator path), so
+the TF baseline is tf-keras.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+from absl import app
+from absl import flags
+
+from tfdist.testing import run_local_cluster
+
+_STEPS = flags.DEFINE_integer("steps", 200, "Steps per epoch.", lower_bound=20)
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Runs per configuration.", lower_bound=1)
+
+BATCH_SIZE = 64
+#: name -> (strategy, mode, TF_USE_LEGACY_KERAS)
+CONFIGURATIONS = {
+    "tfdist async, Keras 3": ("tfdist", "async", "0"),
+    "tfdist async, tf-keras": ("tfdist", "async", "1"),
+    "TF ParameterServerStrategy, tf-keras": ("tf", "async", "1"),
+    "tfdist sync, Keras 3": ("tfdist", "sync", "0"),
+}
+
+
+def measure(strategy_name: str, mode: str, steps: int) -> float:
+    """Runs in the child: steps/s of the second epoch."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+
+    keras = tf.keras
+    config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
+    if strategy_name == "tfdist":
+        strategy = tfdist.ParameterServerStrategy(config, mode=mode, timeout_s=120)
+    else:
+        strategy = tf.distribute.ParameterServerStrategy(
+            tfdist.cluster.to_cluster_resolver(config)
+        )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(steps * BATCH_SIZE, 32)).astype("float32")
+    y = rng.integers(0, 10, size=steps * BATCH_SIZE).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((32,)),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+
+    class EpochClock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seconds = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds.append(time.perf_counter() - self.start)
+
+    clock = EpochClock()
+    if strategy_name == "tfdist":
+        model.fit(dataset, epochs=2, verbose=0, callbacks=[clock])
+    else:  # TF's path needs an infinite dataset and steps_per_epoch.
+        model.fit(dataset.repeat(), epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    return steps / clock.seconds[1]
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    results: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
+    for round_index in range(_ROUNDS.value):
+        for name, (strategy_name, mode, legacy) in CONFIGURATIONS.items():
+            (rate,) = run_local_cluster(
+                measure,
+                num_workers=1,
+                args=(strategy_name, mode, _STEPS.value),
+                env={"TF_USE_LEGACY_KERAS": legacy},
+                timeout_s=600,
+            )
+            results[name].append(rate)
+            print(f"round {round_index + 1}: {name}: {rate:.1f} steps/s", flush=True)
+    baseline = statistics.median(results["TF ParameterServerStrategy, tf-keras"])
+    print("\n| configuration | steps/s (median) | vs TF's PS strategy (tf-keras) |")
+    print("|---|---|---|")
+    for name, rates in results.items():
+        median = statistics.median(rates)
+        print(f"| {name} | {median:.1f} | {median / baseline:.2f}x |")
+
+
+if __name__ == "__main__":
+    app.run(main)

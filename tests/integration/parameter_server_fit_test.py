@@ -1,0 +1,344 @@
+"""tfdist.ParameterServerStrategy through Keras's fit, evaluate and predict.
+
+One child process (tfdist.testing.run_local_cluster with one task) starts
+an in-process cluster of 2 workers and 2 ps (`start_local_ps_cluster`),
+builds the strategy as the chief, runs every scenario below and returns
+what it saw; the tests check it. Runs under Keras 3 and, with
+TF_USE_LEGACY_KERAS=1, tf-keras (the child inherits the environment).
+
+Input is counted exactly: every example carries its id, and a layer in
+front of the model adds one to a counter variable (on a ps, updated
+atomically by whichever worker runs the step) per id it trains on.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl.testing import absltest
+
+import tfdist
+
+pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
+
+NUM_EXAMPLES = 200  # 7 batches of 32: a short last batch of 8.
+BATCH_SIZE = 32
+NUM_BATCHES = 7
+NUM_FEATURES = 6
+CLUSTER_TIMEOUT_S = 420
+STRATEGY_TIMEOUT_S = 120
+#: Whether tf.keras is Keras 3 (else tf-keras, TF_USE_LEGACY_KERAS=1).
+KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    """Features whose column 0 is the example id; labels from a fixed rule."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(NUM_EXAMPLES, NUM_FEATURES)).astype("float32")
+    x[:, 0] = np.arange(NUM_EXAMPLES)
+    y = (x[:, 1] + x[:, 2] > 0).astype("int32")
+    return x, y
+
+
+def _build(keras, strategy, *, steps_per_execution: int = 1):
+    """A small classifier whose first layer counts the ids it trains on."""
+
+    class CountIds(keras.layers.Layer):
+        def build(self, input_shape):
+            self.counts = tf.Variable(
+                tf.zeros([NUM_EXAMPLES], tf.int32), trainable=False, name="counts"
+            )
+
+        def call(self, inputs, training=None):
+            if training:
+                ids = tf.cast(inputs[:, 0], tf.int32)
+                seen = tf.math.bincount(
+                    ids, minlength=NUM_EXAMPLES, maxlength=NUM_EXAMPLES, dtype=tf.int32
+                )
+                with tf.control_dependencies([self.counts.assign_add(seen)]):
+                    return tf.identity(inputs[:, 1:])
+            return inputs[:, 1:]
+
+    class CountExamples(keras.metrics.Metric):
+        def __init__(self, **kwargs):
+            super().__init__(name="examples", **kwargs)
+            self.total = self.add_weight(name="total", initializer="zeros")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(tf.cast(tf.shape(y_true)[0], self.total.dtype))
+
+        def result(self):
+            return self.total
+
+    with strategy.scope():
+        counter = CountIds()
+        model = keras.Sequential(
+            [
+                keras.Input((NUM_FEATURES,)),
+                counter,
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(2),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.05),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy", CountExamples()],
+            steps_per_execution=steps_per_execution,
+        )
+    return model, counter
+
+
+def _scenario(record, name, run):
+    try:
+        record[name] = run()
+    except Exception as e:  # noqa: BLE001 - reported to the test.
+        record[name] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+
+
+def fit_scenarios() -> dict[str, object]:
+    """Runs in the child: every scenario on one in-process cluster."""
+    keras = tf.keras
+    config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
+    strategy = tfdist.ParameterServerStrategy(config, timeout_s=STRATEGY_TIMEOUT_S)
+    x, y = _data()
+    record: dict[str, object] = {}
+
+    def finite_dataset():
+        model, counter = _build(keras, strategy)
+
+        class Batches(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.batch_ends, self.epoch_logs, self.counts = 0, [], []
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.batch_ends += 1
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.epoch_logs.append(dict(logs))
+                self.counts.append(counter.counts.numpy().copy())
+
+        # An unseeded shuffle: on several workers' own copies this would
+        # lose and repeat examples; the chief reads the one pipeline.
+        dataset = (
+            tf.data.Dataset.from_tensor_slices((x, y))
+            .shuffle(NUM_EXAMPLES)
+            .batch(BATCH_SIZE)
+        )
+        callback = Batches()
+        history = model.fit(dataset, epochs=2, callbacks=[callback], verbose=0)
+        reference, _ = _build(keras, tf.distribute.get_strategy())
+        reference.set_weights(model.get_weights())
+        return {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "batch_ends": callback.batch_ends,
+            "epoch_logs": callback.epoch_logs,
+            "history": history.history,
+            "counts_per_epoch": [callback.counts[0], callback.counts[1] - callback.counts[0]],
+            "evaluate": model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0),
+            "evaluate_one_device": reference.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0),
+            "predict": model.predict(x, batch_size=BATCH_SIZE, verbose=0),
+            "predict_one_device": reference.predict(x, batch_size=BATCH_SIZE, verbose=0),
+            "executions_by_worker": dict(strategy.executions_by_worker),
+        }
+
+    def steps_per_execution():
+        model, counter = _build(keras, strategy, steps_per_execution=3)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+        history = model.fit(dataset, epochs=2, verbose=0)
+        return {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "counts": counter.counts.numpy(),
+            "examples": history.history["examples"],
+            "predict_rows": model.predict(x, batch_size=BATCH_SIZE, verbose=0).shape[0],
+        }
+
+    def repeat_and_steps_per_epoch():
+        model, counter = _build(keras, strategy)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH_SIZE)
+        model.fit(dataset, epochs=3, steps_per_epoch=4, verbose=0)
+        return {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "trained": int(counter.counts.numpy().sum()),
+        }
+
+    def dataset_creator():
+        # TF's parameter-server tutorial: fit(DatasetCreator(dataset_fn),
+        # steps_per_epoch=...). tf-keras only (Keras 3 has no DatasetCreator).
+        if KERAS_3:
+            return {"skipped": True}
+        model, counter = _build(keras, strategy, steps_per_execution=2)
+
+        def dataset_fn(input_context):
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH_SIZE)
+
+        creator = keras.utils.experimental.DatasetCreator(dataset_fn)
+        model.fit(creator, epochs=2, steps_per_epoch=4, verbose=0)
+        return {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "trained": int(counter.counts.numpy().sum()),
+        }
+
+    def checkpoint_callbacks():
+        model, _ = _build(keras, strategy)
+        directory = tempfile.mkdtemp(prefix="tfdist-ps-fit-")
+        backup = os.path.join(directory, "backup")
+        checkpoint = os.path.join(
+            directory,
+            "model-{epoch}.weights.h5" if KERAS_3 else "model-{epoch}.ckpt",
+        )
+
+        class StopAtEpoch(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if epoch == 2:
+                    raise RuntimeError("interrupted")
+
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+        first = [
+            keras.callbacks.BackupAndRestore(backup),
+            keras.callbacks.ModelCheckpoint(checkpoint, save_weights_only=True),
+            keras.callbacks.TensorBoard(os.path.join(directory, "logs")),
+            StopAtEpoch(),
+        ]
+        try:
+            model.fit(dataset, epochs=4, callbacks=first, verbose=0)
+        except RuntimeError:
+            pass
+        iterations_at_interrupt = int(model.optimizer.iterations.numpy())
+        resumed, _ = _build(keras, strategy)
+        history = resumed.fit(
+            dataset, epochs=4, callbacks=[keras.callbacks.BackupAndRestore(backup)], verbose=0
+        )
+        return {
+            "iterations_at_interrupt": iterations_at_interrupt,
+            "resumed_epochs": len(history.history["loss"]),
+            "resumed_iterations": int(resumed.optimizer.iterations.numpy()),
+            "files": sorted(os.listdir(directory)),
+            "tensorboard": sorted(os.listdir(os.path.join(directory, "logs"))),
+        }
+
+    def train_on_batch():
+        model, _ = _build(keras, strategy)
+        logs = [
+            model.train_on_batch(x[:BATCH_SIZE], y[:BATCH_SIZE], return_dict=True)
+            for _ in range(3)
+        ]
+        return {"iterations": int(model.optimizer.iterations.numpy()), "logs": logs}
+
+    def many_small_steps():
+        model, _ = _build(keras, strategy)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(2)
+        model.fit(dataset, epochs=1, verbose=0)
+        return {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "examples": float(model.evaluate(x, y, batch_size=2, verbose=0)[-1]),
+        }
+
+    _scenario(record, "finite_dataset", finite_dataset)
+    _scenario(record, "many_small_steps", many_small_steps)
+    _scenario(record, "steps_per_execution", steps_per_execution)
+    _scenario(record, "repeat_and_steps_per_epoch", repeat_and_steps_per_epoch)
+    _scenario(record, "dataset_creator", dataset_creator)
+    _scenario(record, "checkpoint_callbacks", checkpoint_callbacks)
+    _scenario(record, "train_on_batch", train_on_batch)
+    record["steps_rerun"] = strategy.steps_rerun
+    return record
+
+
+class ParameterServerFitTest(tf.test.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        (cls.record,) = tfdist.testing.run_local_cluster(
+            fit_scenarios, num_workers=1, timeout_s=CLUSTER_TIMEOUT_S
+        )
+
+    def scenario(self, name):
+        result = self.record[name]
+        self.assertNotIn("error", result, result.get("error"))
+        return result
+
+    def test_finite_dataset_trains_each_batch_once_per_epoch(self):
+        result = self.scenario("finite_dataset")
+        self.assertEqual(result["iterations"], 2 * NUM_BATCHES)
+        self.assertEqual(result["batch_ends"], 2 * NUM_BATCHES)
+        for counts in result["counts_per_epoch"]:
+            np.testing.assert_array_equal(counts, np.ones(NUM_EXAMPLES, np.int32))
+
+    def test_steps_run_on_every_worker(self):
+        by_worker = self.scenario("finite_dataset")["executions_by_worker"]
+        self.assertEqual(sorted(by_worker), [0, 1])
+        self.assertTrue(all(count > 0 for count in by_worker.values()), by_worker)
+
+    def test_epoch_metrics_count_every_worker(self):
+        result = self.scenario("finite_dataset")
+        self.assertEqual(result["history"]["examples"], [NUM_EXAMPLES] * 2)
+        for logs in result["epoch_logs"]:
+            self.assertEqual(logs["examples"], NUM_EXAMPLES)
+
+    def test_counters_updated_by_both_workers_at_once_are_exact(self):
+        # Keras 3's assign_add is read-modify-write: without tfdist's fix,
+        # concurrent steps lose counts (the note's 150 steps counted as 126).
+        result = self.scenario("many_small_steps")
+        self.assertEqual(result["iterations"], NUM_EXAMPLES // 2)
+        self.assertEqual(result["examples"], NUM_EXAMPLES)
+
+    def test_evaluate_matches_one_device(self):
+        result = self.scenario("finite_dataset")
+        distributed = dict(zip(["loss", "accuracy", "examples"], result["evaluate"]))
+        one_device = dict(zip(["loss", "accuracy", "examples"], result["evaluate_one_device"]))
+        self.assertAllClose(distributed["loss"], one_device["loss"], rtol=1e-5)
+        self.assertAllClose(distributed["accuracy"], one_device["accuracy"], rtol=1e-6)
+        self.assertEqual(distributed["examples"], NUM_EXAMPLES)
+
+    def test_predict_returns_rows_in_order(self):
+        result = self.scenario("finite_dataset")
+        self.assertAllClose(result["predict"], result["predict_one_device"], rtol=1e-5, atol=1e-6)
+
+    def test_steps_per_execution_with_a_partial_last_group(self):
+        result = self.scenario("steps_per_execution")
+        self.assertEqual(result["iterations"], 2 * NUM_BATCHES)  # 7 = 3 + 3 + 1
+        np.testing.assert_array_equal(result["counts"], np.full(NUM_EXAMPLES, 2, np.int32))
+        self.assertEqual(result["examples"], [NUM_EXAMPLES] * 2)
+        self.assertEqual(result["predict_rows"], NUM_EXAMPLES)
+
+    def test_repeat_and_steps_per_epoch_as_in_tf_tutorials(self):
+        result = self.scenario("repeat_and_steps_per_epoch")
+        self.assertEqual(result["iterations"], 12)
+        self.assertEqual(result["trained"], 12 * BATCH_SIZE)
+
+    @pytest.mark.skipif(KERAS_3, reason="DatasetCreator is tf-keras only")
+    def test_dataset_creator_and_steps_per_epoch_as_in_tf_tutorial(self):
+        result = self.scenario("dataset_creator")
+        self.assertEqual(result["iterations"], 8)
+        self.assertEqual(result["trained"], 8 * BATCH_SIZE)
+
+    def test_backup_and_restore_resumes_after_an_interruption(self):
+        result = self.scenario("checkpoint_callbacks")
+        self.assertEqual(result["iterations_at_interrupt"], 2 * NUM_BATCHES)
+        self.assertEqual(result["resumed_epochs"], 2)
+        self.assertEqual(result["resumed_iterations"], 4 * NUM_BATCHES)
+
+    def test_model_checkpoint_and_tensorboard_write(self):
+        result = self.scenario("checkpoint_callbacks")
+        self.assertTrue(any(f.startswith("model-1") for f in result["files"]), result["files"])
+        self.assertIn("train", result["tensorboard"])
+
+    def test_train_on_batch_returns_that_batch_logs(self):
+        result = self.scenario("train_on_batch")
+        self.assertEqual(result["iterations"], 3)
+        self.assertEqual([logs["examples"] for logs in result["logs"]], [BATCH_SIZE] * 3)
+
+    def test_no_step_was_rerun(self):
+        self.assertEqual(self.record["steps_rerun"], 0)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()

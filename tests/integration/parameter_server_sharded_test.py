@@ -1,0 +1,190 @@
+"""Variables split over ps tasks (`variable_partitioner`) under tfdist.ParameterServerStrategy.
+
+Two child processes, each an in-process cluster (2 workers): the first
+(2 ps) builds an Embedding + Dense model under a `MinSizePartitioner`,
+trains it with `fit`, records where each shard lives and writes a TF
+checkpoint; the second (3 ps, 3 shards per large variable) builds the
+same model and restores that checkpoint. Under tf-keras both run; under
+Keras 3, which cannot train split variables, the first child records the
+`ConfigError` its `fit` raises before any step, and the second does not
+run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+
+pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
+
+VOCABULARY = 1000
+EMBEDDING_DIM = 16
+TOKENS = 3
+HIDDEN = 64
+NUM_EXAMPLES = 512
+BATCH_SIZE = 64
+#: A variable of at least this many bytes is split (up to num_ps shards).
+MIN_SHARD_BYTES = 4096
+CLUSTER_TIMEOUT_S = 300
+STRATEGY_TIMEOUT_S = 120
+KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, VOCABULARY, size=(NUM_EXAMPLES, TOKENS)).astype("int32")
+    y = (x[:, 0] % 2).astype("int32")
+    return x, y
+
+
+def _build(keras, strategy):
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((TOKENS,), dtype="int32"),
+                keras.layers.Embedding(VOCABULARY, EMBEDDING_DIM),
+                keras.layers.Flatten(),
+                keras.layers.Dense(HIDDEN, activation="relu"),
+                keras.layers.Dense(2),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    return model
+
+
+def _large_variables(model) -> dict[str, object]:
+    embedding, _, hidden, _ = model.layers
+    return {"embedding": embedding.embeddings, "kernel": hidden.kernel}
+
+
+def _placement(variable) -> list[str]:
+    """The device of each shard, in shard order (one entry if whole)."""
+    shards = getattr(variable, "variables", None) or [variable]
+    return [shard.device.split("/device")[0] for shard in shards]
+
+
+def _strategy(num_ps: int):
+    config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=num_ps)
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=MIN_SHARD_BYTES, max_shards=num_ps
+    )
+    return tfdist.ParameterServerStrategy(
+        config, timeout_s=STRATEGY_TIMEOUT_S, variable_partitioner=partitioner
+    )
+
+
+def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
+    """Child 1 (2 ps): fit, placement, checkpoint."""
+    keras = tf.keras
+    strategy = _strategy(num_ps=2)
+    x, y = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(NUM_EXAMPLES).batch(BATCH_SIZE)
+    model = _build(keras, strategy)
+    record: dict[str, object] = {}
+    try:
+        history = model.fit(dataset, epochs=4, verbose=0)
+    except tfdist.errors.ConfigError as e:
+        record["fit_error"] = str(e)
+        record["iterations"] = int(model.optimizer.iterations.numpy())
+        return record
+    except Exception as e:  # noqa: BLE001 - reported to the test.
+        record["unexpected"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        return record
+    large = _large_variables(model)
+    record["placement"] = {name: _placement(v) for name, v in large.items()}
+    record["values"] = {name: tf.convert_to_tensor(v).numpy() for name, v in large.items()}
+    record["loss"] = history.history["loss"]
+    record["iterations"] = int(model.optimizer.iterations.numpy())
+    record["evaluate"] = model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0)
+    record["checkpoint"] = tf.train.Checkpoint(model=model).write(checkpoint_prefix)
+    return record
+
+
+def restore(checkpoint_path: str) -> dict[str, object]:
+    """Child 2 (3 ps): the same model, restored from child 1's checkpoint."""
+    keras = tf.keras
+    strategy = _strategy(num_ps=3)
+    x, y = _data()
+    model = _build(keras, strategy)
+    tf.train.Checkpoint(model=model).read(checkpoint_path).assert_existing_objects_matched()
+    large = _large_variables(model)
+    return {
+        "placement": {name: _placement(v) for name, v in large.items()},
+        "values": {name: tf.convert_to_tensor(v).numpy() for name, v in large.items()},
+        "evaluate": model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0),
+    }
+
+
+def _ps(*indices: int) -> list[str]:
+    return [f"/job:ps/replica:0/task:{i}" for i in indices]
+
+
+class ShardedVariablesTest(tf.test.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        directory = tempfile.mkdtemp(prefix="tfdist-ps-sharded-")
+        (cls.trained,) = tfdist.testing.run_local_cluster(
+            train_and_save,
+            num_workers=1,
+            args=(os.path.join(directory, "ckpt"),),
+            timeout_s=CLUSTER_TIMEOUT_S,
+        )
+        cls.restored = None
+        if "checkpoint" in cls.trained:
+            (cls.restored,) = tfdist.testing.run_local_cluster(
+                restore,
+                num_workers=1,
+                args=(cls.trained["checkpoint"],),
+                timeout_s=CLUSTER_TIMEOUT_S,
+            )
+
+    def setUp(self):
+        super().setUp()
+        self.assertNotIn("unexpected", self.trained, self.trained.get("unexpected"))
+
+    @pytest.mark.skipif(not KERAS_3, reason="Keras 3's refusal; tf-keras trains shards")
+    def test_keras3_fit_refuses_split_variables_before_any_step(self):
+        message = self.trained["fit_error"]
+        self.assertIn("embeddings", message)
+        self.assertIn("kernel", message)
+        self.assertIn("variable_partitioner", message)
+        self.assertEqual(self.trained["iterations"], 0)
+
+    @pytest.mark.skipif(KERAS_3, reason="Keras 3 cannot train split variables")
+    def test_large_variables_are_split_over_both_ps_tasks(self):
+        placement = self.trained["placement"]
+        for name in ("embedding", "kernel"):
+            self.assertCountEqual(placement[name], _ps(0, 1), name)
+
+    @pytest.mark.skipif(KERAS_3, reason="Keras 3 cannot train split variables")
+    def test_fit_trains_split_variables(self):
+        loss = self.trained["loss"]
+        self.assertLess(loss[-1], 0.5 * loss[0])
+        self.assertEqual(self.trained["iterations"], 4 * NUM_EXAMPLES // BATCH_SIZE)
+
+    @pytest.mark.skipif(KERAS_3, reason="Keras 3 cannot train split variables")
+    def test_checkpoint_of_two_shards_restores_into_three(self):
+        restored = self.restored
+        for name in ("embedding", "kernel"):
+            self.assertCountEqual(restored["placement"][name], _ps(0, 1, 2), name)
+            np.testing.assert_array_equal(
+                restored["values"][name], self.trained["values"][name], err_msg=name
+            )
+        np.testing.assert_allclose(restored["evaluate"], self.trained["evaluate"], rtol=1e-5)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()

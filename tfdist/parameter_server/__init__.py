@@ -1,0 +1,17 @@
+"""Parameter-server training: the machinery behind `tfdist.ParameterServerStrategy`.
+
+Modules, one job each:
+
+- `roles`: what each TF_CONFIG task does (the chief trains; workers and ps
+  tasks serve), start-up bounded.
+- `scheduler`: `StepScheduler`, steps queued on free workers with every
+  wait of the chief bounded.
+- `async_runner`: asynchronous steps (each applied when it arrives).
+- `sync_runner`: synchronous steps (each batch split over the workers,
+  gradients summed, applied once).
+- `keras_loop`: Keras's `fit`/`evaluate`/`predict` on the cluster.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

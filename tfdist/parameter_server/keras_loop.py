@@ -1,0 +1,300 @@
+"""Keras's `fit`, `evaluate` and `predict` on a parameter-server cluster.
+
+Keras (3 and tf-keras) runs its loop on the chief and calls, per step (or
+per `steps_per_execution` steps), `train_function(iterator)`. For a model
+built under `tfdist.ParameterServerStrategy`, the strategy replaces those
+functions (`tfdist._internal.keras_ps`) with a `KerasLoop`'s:
+
+    train_function(iterator):            # on the chief, Keras's loop
+        batches = up to k next(iterator)  # the chief reads the user's dataset
+        if none: raise StopIteration      # a finite dataset ends the epoch
+        runner.submit(train steps on batches)   # async: on a free worker
+        return logs of the latest finished step (the first one waits)
+    get_metrics_result():                 # Keras, after the epoch's steps
+        runner.wait_all()                 # the epoch barrier
+        Keras's metrics (variables on the ps, updated by every worker)
+
+Input: the chief iterates the dataset `fit` was given, exactly as on one
+device, and passes each batch to the step it schedules (the batch travels
+with the step to the worker). So a finite dataset needs no `repeat()` or
+`steps_per_epoch` (TF's `repeat()` + `steps_per_epoch` style works too),
+any pipeline works unchanged (an unseeded shuffle, a generator), and every
+batch is trained on exactly once per epoch; a step whose worker fails is
+run again by another worker *with the same batch* (TF's coordinator
+re-queues it with its arguments).
+
+Logs: per-step logs (the progress bar) are those of the latest step that
+has finished, which lags the steps scheduled by up to `max_in_flight`;
+after an epoch Keras reads the metrics themselves, after the barrier:
+every worker's updates counted (metric variables live on the ps and their
+updates are atomic, see `keras_ps.make_counters_exact`).
+
+`predict` returns rows in input order (each call waits for its batches).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import tensorflow as tf
+
+from tfdist._internal import keras_ps
+
+__all__ = ["ChiefDataset", "ChiefIterator", "KerasLoop", "StepRunner"]
+
+#: Least time between two fetches of a finished step's logs (for the
+#: progress bar; each fetch is a copy from a worker on the loop's thread).
+_LOGS_INTERVAL_S = 0.25
+#: Batches the chief reads ahead of Keras's loop.
+_READ_AHEAD = 4
+#: Longest single wait of the read-ahead thread on a full queue, seconds.
+_POLL_S = 0.1
+
+# `Any` below: Keras models, nested batches and logs are untyped upstream.
+
+
+class StepRunner(Protocol):
+    """Runs compiled multi-batch steps somewhere (workers, or the whole cluster)."""
+
+    def compile(self, kind: str, model: Any, keras3: bool) -> Callable[[Any], Any]:
+        """The traced function running `kind` steps of `model` on a tuple of batches."""
+
+    def submit(
+        self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
+    ) -> Any:
+        """Starts `function(batches)`; returns a handle for `result`.
+
+        `steps_per_function`: the most batches any function of this loop
+        takes (Keras's `steps_per_execution`).
+        """
+
+    def result(self, handle: Any) -> Any:
+        """Waits for a handle; its outputs (eager tensors on the chief)."""
+
+    def finished(self) -> list[Any]:
+        """Handles finished since the last call (oldest first)."""
+
+    def wait_all(self) -> None:
+        """Waits for every submitted handle."""
+
+
+class ChiefIterator:
+    """An iterator over the user's dataset on the chief, for tfdist's step functions.
+
+    A thread reads ahead (at most `_READ_AHEAD` batches) so that Keras's
+    loop thread only takes batches from a queue: reading a `tf.data`
+    iterator costs the loop about a millisecond per batch in TF's eager
+    machinery. Order and content are the dataset's; an error of the
+    pipeline is raised where that batch would have been.
+
+    Attributes:
+      synchronous: Whether each step must finish before the function
+        returns (tf-keras's `*_on_batch`: their logs are that batch's).
+    """
+
+    def __init__(self, iterator: Any, *, synchronous: bool) -> None:
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(_READ_AHEAD)
+        self._stop = threading.Event()
+        self._reader = threading.Thread(
+            target=self._read, args=(iterator,), name="tfdist-chief-input", daemon=True
+        )
+        self._reader.start()
+        self._ended = False
+        self.synchronous = synchronous
+
+    def _read(self, iterator: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                item: tuple[str, Any] = ("batch", next(iterator))
+            except (StopIteration, tf.errors.OutOfRangeError):
+                item = ("end", None)
+            except BaseException as e:  # noqa: BLE001 - raised in the loop's thread.
+                item = ("error", e)
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=_POLL_S)
+                    break
+                except queue.Full:
+                    continue
+            if item[0] != "batch":
+                return
+
+    def close(self) -> None:
+        """Stops reading ahead."""
+        self._stop.set()
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+    def __iter__(self) -> ChiefIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        kind, value = self._queue.get()
+        if kind == "batch":
+            return value
+        self._ended = True
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def get_next(self) -> Any:
+        return next(self)
+
+
+class ChiefDataset(tf.distribute.DistributedDataset):
+    """The "distributed" dataset Keras gets: the user's batches, read on the chief.
+
+    Each iteration is a new pass over `dataset` (a reshuffling pipeline
+    reshuffles), yielding its elements as they are; tfdist's step functions
+    send each batch to the step that trains on it.
+    """
+
+    def __init__(self, dataset: tf.data.Dataset, *, synchronous: bool = False) -> None:
+        self._dataset = dataset
+        self._synchronous = synchronous
+
+    def __iter__(self) -> ChiefIterator:
+        return ChiefIterator(iter(self._dataset), synchronous=self._synchronous)
+
+    @property
+    def element_spec(self) -> Any:
+        return self._dataset.element_spec
+
+    @property
+    def cardinality(self) -> int:
+        return int(self._dataset.cardinality())
+
+    def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
+        return self._dataset.reduce(initial_state, reduce_func)
+
+
+def _pull(iterator: Any, count: int) -> tuple[Any, ...]:
+    """Up to `count` next elements; StopIteration if there are none."""
+    batches = []
+    for _ in range(count):
+        try:
+            batches.append(next(iterator))
+        except (StopIteration, tf.errors.OutOfRangeError):
+            break
+    if not batches:
+        raise StopIteration
+    return tuple(batches)
+
+
+def _signature(batches: tuple[Any, ...]) -> tuple[Any, Any]:
+    """(cache key, input specs) with the batch dimension unknown: one trace per structure."""
+
+    def spec(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, tf.Tensor) and value.shape.rank:
+            return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
+        return tf.type_spec_from_value(value)
+
+    specs = tf.nest.map_structure(spec, batches)
+    return repr(specs), specs
+
+
+class KerasLoop:
+    """tfdist's train, test and predict functions for one Keras model.
+
+    Built by the strategy the first time the model's loop distributes a
+    dataset; installed on that model instance only.
+
+    Args:
+      strategy: The strategy the model was built under (steps are traced
+        in its scope).
+      model: A Keras 3 or tf-keras model built under the strategy.
+      runner: Where the steps run (`StepRunner`).
+      exact_counters: Called with the model's variables before each trace
+        (Keras 3's non-atomic counters; see `keras_ps.make_counters_exact`).
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        model: Any,
+        runner: StepRunner,
+        *,
+        exact_counters: Callable[[Sequence[Any]], None],
+    ) -> None:
+        self._strategy = strategy
+        self._model = model
+        self._runner = runner
+        self._keras3 = keras_ps.is_keras3_model(model)
+        self._exact_counters = exact_counters
+        self._compiled: dict[tuple[str, str], Callable[..., Any]] = {}
+        self._functions: dict[str, Callable[[Any], Any]] = {}
+        self._logs: dict[str, Any] | None = None
+        self._logs_fetched_s = 0.0
+        keras_ps.install_functions(
+            model,
+            self,
+            train=lambda iterator: self._run_steps("train", iterator),
+            test=lambda iterator: self._run_steps("test", iterator),
+            predict=self._predict,
+            metrics_barrier=self.wait_all,
+        )
+
+    def wait_all(self) -> None:
+        """Waits for every step in flight (the epoch barrier)."""
+        self._runner.wait_all()
+        self._logs = None
+
+    def _variables(self) -> list[Any]:
+        model = self._model
+        found = list(model.variables) + list(getattr(model, "metrics_variables", ()))
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None:
+            found += list(getattr(optimizer, "variables", ()))
+        return found
+
+    def _function(self, kind: str, batches: tuple[Any, ...]) -> Callable[..., Any]:
+        key, specs = _signature(batches)
+        compiled = self._compiled.get((kind, key))
+        if compiled is None:
+            self._exact_counters(self._variables())
+            if kind not in self._functions:
+                self._functions[kind] = self._runner.compile(kind, self._model, self._keras3)
+            with self._strategy.scope():
+                compiled = self._functions[kind].get_concrete_function(  # type: ignore[attr-defined]
+                    specs
+                )
+            self._compiled[(kind, key)] = compiled
+        return compiled
+
+    def _run_steps(self, kind: str, iterator: Any) -> Any:
+        synchronous = not isinstance(iterator, ChiefIterator) or iterator.synchronous
+        count = keras_ps.steps_per_execution(self._model)
+        batches = _pull(iterator, count)
+        handle = self._runner.submit(self._function(kind, batches), batches, count)
+        finished = self._runner.finished()
+        now = time.monotonic()
+        if synchronous or self._logs is None:
+            self._logs = self._runner.result(handle)
+            self._runner.finished()
+            self._logs_fetched_s = now
+        elif finished and now - self._logs_fetched_s >= _LOGS_INTERVAL_S:
+            self._logs = self._runner.result(finished[-1])
+            self._logs_fetched_s = now
+        return self._logs
+
+    def _predict(self, data: Any) -> Any:
+        count = keras_ps.steps_per_execution(self._model)
+        if isinstance(data, ChiefIterator):  # tf-keras: the iterator.
+            batches = _pull(data, count)
+        else:  # Keras 3: a list of batches it pulled itself.
+            batches = tuple(data)
+        handle = self._runner.submit(
+            self._function("predict", batches), batches, max(count, len(batches))
+        )
+        outputs = self._runner.result(handle)
+        self._runner.finished()
+        return outputs

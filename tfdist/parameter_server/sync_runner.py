@@ -1,0 +1,212 @@
+"""Synchronous steps: every worker's gradients of a step summed, applied once.
+
+For each batch Keras's loop reads (the global batch, as on one device):
+
+    split the batch into W' = min(num_workers, batch size) slices of
+        sizes n_1..n_W' (as equal as possible, in order)
+    phase 1, on W' workers at once (one function each):
+        Keras's train_step on slice i, with the optimizer's
+        apply_gradients replaced (while tracing) by
+            acc[v] += n_i * gradient_i(v)     # atomic, on v's ps task
+        (metrics update as usual: their variables live on the ps tasks)
+    wait for every slice                        # the step barrier
+    phase 2, on one worker:
+        optimizer.apply_gradients((acc[v] / N, v) for every v)   # N = sum n_i
+        acc[v] = 0
+    wait                                       # the next step reads new weights
+
+`gradient_i` is the gradient of slice i's mean loss, so `sum n_i g_i / N`
+is the gradient of the global batch's mean loss (plus the regularisation
+terms once): the update one device makes with the same global batch, up
+to float rounding. Not equal to one device: layers whose forward pass
+depends on the whole batch (BatchNormalization's batch statistics) or on
+random draws (Dropout). Losses must be means over the batch (Keras's
+default reduction, "sum_over_batch_size").
+
+Evaluation and prediction run as in async mode (they update no weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist._internal import keras_ps
+from tfdist.parameter_server import async_runner
+from tfdist.parameter_server import scheduler as scheduler_lib
+
+__all__ = ["SyncRunner", "split_batch"]
+
+
+def _first_leaf(batch: Any) -> Any:
+    """The first tensor of a nested batch (its leading dimension is the batch size)."""
+    return next(leaf for leaf in tf.nest.flatten(batch) if leaf is not None)
+
+
+def split_batch(batch: Any, parts: int) -> list[Any]:
+    """`batch` (a nest of tensors with one leading batch size) cut into up to `parts` slices.
+
+    Slices are contiguous, in order, sizes as equal as possible (the first
+    `n % parts` one larger); never empty (fewer slices when n < parts).
+    """
+    size = int(_first_leaf(batch).shape[0])
+    count = max(1, min(parts, size))
+    base, extra = divmod(size, count)
+    slices = []
+    start = 0
+    for index in range(count):
+        end = start + base + (1 if index < extra else 0)
+        slices.append(
+            tf.nest.map_structure(
+                lambda leaf, s=start, e=end: None if leaf is None else leaf[s:e], batch
+            )
+        )
+        start = end
+    return slices
+
+
+class _SyncTrainFunction:
+    """What `SyncRunner.compile("train")` returns; traced per input structure."""
+
+    def __init__(self, runner: SyncRunner, model: Any, keras3: bool) -> None:
+        self._runner = runner
+        self._model = model
+        self._keras3 = keras3
+        strategy = runner.strategy
+        self._variables = list(model.trainable_variables)
+        with strategy.scope():
+            self._accumulators = [
+                tf.Variable(
+                    tf.zeros(variable.shape, variable.dtype),
+                    trainable=False,
+                    name="tfdist_sync_gradient",
+                )
+                for variable in self._variables
+            ]
+        by_id = {id(v): a for v, a in zip(self._variables, self._accumulators)}
+
+        def accumulate(grads_and_vars: Any, *args: Any, **kwargs: Any) -> None:
+            del args, kwargs
+            for gradient, variable in grads_and_vars:
+                if gradient is None:
+                    continue
+                target = by_id[id(variable)]
+                gradient = tf.convert_to_tensor(gradient)
+                target.assign_add(gradient * tf.cast(self._slice_size, gradient.dtype))
+
+        step_fn = model.train_step
+        optimizer = model.optimizer
+
+        def slice_step(batch: Any) -> Any:
+            self._slice_size = tf.shape(_first_leaf(batch))[0]
+            # Only while tracing: Keras's train_step calls the optimizer's
+            # apply_gradients; here it accumulates instead.
+            vars(optimizer)["apply_gradients"] = accumulate
+            try:
+                return step_fn(batch)
+            finally:
+                del vars(optimizer)["apply_gradients"]
+
+        def gradients(batches: tuple[Any, ...]) -> Any:
+            (batch,) = batches
+            return strategy.run(slice_step, args=(batch,))
+
+        def apply_once(scale: tf.Tensor) -> None:
+            def apply_fn(scale: tf.Tensor) -> None:
+                grads = [
+                    tf.convert_to_tensor(a) * tf.cast(scale, a.dtype) for a in self._accumulators
+                ]
+                optimizer.apply_gradients(zip(grads, self._variables))
+                keras_ps.increment_step_counter(model, "train", 1)
+
+            strategy.run(apply_fn, args=(scale,))
+            for accumulator in self._accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+
+        self._gradients = tf.function(gradients, autograph=not keras3)
+        self._apply = tf.function(apply_once, autograph=not keras3)
+        self._apply_concrete: Any = None
+
+    def get_concrete_function(self, specs: tuple[Any, ...]) -> _SyncSteps:
+        if self._apply_concrete is None:
+            self._apply_concrete = self._apply.get_concrete_function(
+                tf.TensorSpec([], tf.float32)
+            )
+        gradients = self._gradients.get_concrete_function((specs[0],))
+        return _SyncSteps(gradients, self._apply_concrete)
+
+
+class _SyncSteps:
+    """A traced synchronous step: the slice function and the apply function."""
+
+    def __init__(self, gradients: Any, apply: Any) -> None:
+        self.gradients = gradients
+        self.apply = apply
+
+
+class SyncRunner:
+    """Runs Keras's training steps synchronously over all workers (see module).
+
+    Args:
+      strategy: The parameter-server strategy.
+      scheduler: Where the functions are queued.
+      num_workers: Worker tasks (slices per global batch, at most).
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        scheduler: scheduler_lib.StepScheduler,
+        num_workers: int,
+    ) -> None:
+        self.strategy = strategy
+        self._scheduler = scheduler
+        self._num_workers = num_workers
+        self._async = async_runner.AsyncRunner(strategy, scheduler)
+        # Apply steps return nothing: never handed out as a step's logs.
+        self._applies: set[scheduler_lib.Step] = set()
+
+    def compile(self, kind: str, model: Any, keras3: bool) -> Any:
+        if kind != "train":
+            return self._async.compile(kind, model, keras3)
+        return _SyncTrainFunction(self, model, keras3)
+
+    def submit(
+        self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
+    ) -> Any:
+        if not isinstance(function, _SyncSteps):
+            return self._async.submit(function, batches, steps_per_function)
+        last = None
+        with self.strategy.scope():
+            for batch in batches:
+                slices = split_batch(batch, self._num_workers)
+                size = sum(int(_first_leaf(piece).shape[0]) for piece in slices)
+                handles = [
+                    self._scheduler.schedule(function.gradients, ((piece,),)) for piece in slices
+                ]
+                for handle in handles:
+                    self._scheduler.wait(handle)
+                last = handles[-1]
+                applied = self._scheduler.schedule(
+                    function.apply, (tf.constant(1.0 / size, tf.float32),)
+                )
+                self._applies.add(applied)
+                self._scheduler.wait(applied)
+        return last
+
+    def result(self, handle: Any) -> Any:
+        return self._scheduler.result(handle)
+
+    def finished(self) -> list[Any]:
+        found = []
+        for step in self._scheduler.finished():
+            if step in self._applies:
+                self._applies.discard(step)
+            else:
+                found.append(step)
+        return found
+
+    def wait_all(self) -> None:
+        self._scheduler.wait_all()
