@@ -19,7 +19,7 @@ PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loa
 # Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
 BAZEL_TEST_ARGS ?=
 
-.PHONY: demo test test-keras3 test-tfkeras lint bench bazel-test venv clean
+.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-clusters lint bench bazel-test venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,9 +45,16 @@ test: test-keras3 test-tfkeras lint
 test-keras3: $(EXTRAS_TEST)
 	$(PY) -m pytest tests $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
-# Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1).
+# Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1), those that
+# start no cluster of processes; test-tfkeras-clusters runs the others
+# (multi-worker clusters under tf-keras), test-all runs everything.
 test-tfkeras: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m model $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and not multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+
+test-tfkeras-clusters: $(EXTRAS_TEST)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+
+test-all: test test-tfkeras-clusters
 
 lint: $(EXTRAS_TEST)
 	$(PY) -m mypy --ignore-missing-imports tfdist

@@ -85,8 +85,8 @@ SIZE_BY_DIR = {
 }
 
 #: Default test tags by directory under tests/ (longest matching prefix wins).
-#: "slow": the tiers that train models or start clusters (minutes each); CI
-#: runs them under pytest and, in Bazel, only builds them (.ci/run).
+#: "slow": the tiers that train models or start clusters (minutes each):
+#: `bazel test //... --test_tag_filters=-slow` for a quick Bazel run.
 TAGS_BY_DIR: dict[str, tuple[str, ...]] = {
     "": (),
     "numerics": ("slow",),
