@@ -19,7 +19,7 @@ PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loa
 # Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
 BAZEL_TEST_ARGS ?=
 
-.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-clusters lint bench bazel-test venv clean
+.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-rest lint bench bazel-test venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,16 +45,18 @@ test: test-keras3 test-tfkeras lint
 test-keras3: $(EXTRAS_TEST)
 	$(PY) -m pytest tests $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
-# Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1), those that
-# start no cluster of processes; test-tfkeras-clusters runs the others
-# (multi-worker clusters under tf-keras), test-all runs everything.
+# Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1): the numerics,
+# unit and example tiers that start no cluster of processes. test-tfkeras-rest
+# runs the others under tf-keras (the conformance tier, multi-worker clusters);
+# test-all runs everything. CI runs `test` (CONTRIBUTING.md, "CI").
 test-tfkeras: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and not multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests --ignore=tests/conformance -m "model and not multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
-test-tfkeras-clusters: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+test-tfkeras-rest: $(EXTRAS_TEST)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests/conformance -m model $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests --ignore=tests/conformance -m "model and multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
-test-all: test test-tfkeras-clusters
+test-all: test test-tfkeras-rest
 
 lint: $(EXTRAS_TEST)
 	$(PY) -m mypy --ignore-missing-imports tfdist
