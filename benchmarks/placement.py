@@ -43,9 +43,10 @@ from absl import app
 from absl import flags
 
 _WORKLOAD = flags.DEFINE_enum(
-    "workload", "pipeline", ["pipeline", "rematerialize"],
+    "workload", "pipeline", ["pipeline", "rematerialize", "balance"],
     "pipeline: speed-up over M vs GPipe's ideal; rematerialize: peak memory "
-    "and step time with and without rematerialize=True.",
+    "and step time with and without rematerialize=True; balance: the balanced "
+    "plan against an equal-layer-count split of an unbalanced model.",
 )
 _NUM_STAGES = flags.DEFINE_list("num_stages", ["2", "4"], "Stage counts S.")
 _NUM_MICROBATCHES = flags.DEFINE_list(
@@ -67,6 +68,18 @@ def _epoch_s(model, dataset, steps: int) -> float:
     start = time.perf_counter()
     model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
     return time.perf_counter() - start
+
+
+def _median_step_s(models: dict, dataset) -> dict:
+    """Per model (already traced), its median step over `repeats` timed epochs.
+
+    Models alternate within each repeat, so background load hits all alike.
+    """
+    times: dict[object, list[float]] = {key: [] for key in models}
+    for _ in range(_REPEATS.value):
+        for key, model in models.items():
+            times[key].append(_epoch_s(model, dataset, _STEPS.value) / _STEPS.value)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def _print_table(columns: Sequence[str], rows: Sequence[str]) -> None:
@@ -137,6 +150,61 @@ def _rematerialize(stage_counts, microbatch_counts, dataset) -> None:
     )
 
 
+def _balance(stage_counts, microbatch_counts) -> None:
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+    import tfdist  # noqa: PLC0415
+
+    width, batch = _WIDTH.value, _GLOBAL_BATCH_SIZE.value
+    light = max(1, width // 4)
+    rng = np.random.default_rng(0)
+    dataset = tf.data.Dataset.from_tensors((
+        rng.normal(size=(batch, width)).astype("float32"),
+        rng.normal(size=(batch, light)).astype("float32"),
+    )).repeat()
+
+    def build(stages: int):
+        tf.keras.utils.set_random_seed(0)
+        widths = [width] * stages + [light] * (3 * stages)
+        model = tf.keras.Sequential(
+            [tf.keras.Input((width,))]
+            + [tf.keras.layers.Dense(w, activation="relu", name=f"dense_{i}")
+               for i, w in enumerate(widths)]
+        )
+        model.compile(optimizer=tf.keras.optimizers.SGD(1e-4), loss="mse")
+        return model
+
+    rows = []
+    for stages in stage_counts:
+        devices = [f"/cpu:{i}" for i in range(stages)]
+        naive = {f"dense_{i}": devices[i // 4] for i in range(4 * stages)}
+        models, shares = {}, {}
+        for m in microbatch_counts:
+            for plan, placement in (("naive", naive), ("balanced", "balanced")):
+                strategy = tfdist.LayerPlacementStrategy(
+                    devices, placement, num_microbatches=m
+                )
+                with strategy.scope():
+                    models[plan, m] = model = build(stages)
+                _epoch_s(model, dataset, 2)  # Traces, places.
+                params = [stage.params for stage in strategy.placement_plan(model).stages]
+                shares[plan] = max(params) / sum(params)
+        step_s = _median_step_s(models, dataset)
+        for m in microbatch_counts:
+            rows.append(
+                f"| {stages} | {m} | {1e3 * step_s['naive', m]:.1f} "
+                f"| {100 * shares['naive']:.0f} % | {1e3 * step_s['balanced', m]:.1f} "
+                f"| {100 * shares['balanced']:.0f} % "
+                f"| {step_s['naive', m] / step_s['balanced', m]:.2f} |"
+            )
+            print(rows[-1], flush=True)
+    _print_table(
+        ("stages S", "microbatches M", "naive split step (ms)", "weights on its busiest stage",
+         "balanced step (ms)", "weights on its busiest stage", "balanced speed-up"),
+        rows,
+    )
+
+
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -169,6 +237,9 @@ def main(argv: Sequence[str]) -> None:
     if _WORKLOAD.value == "rematerialize":
         _rematerialize(stage_counts, microbatch_counts, dataset)
         return
+    if _WORKLOAD.value == "balance":
+        _balance(stage_counts, microbatch_counts)
+        return
     rows = []
     for stages in stage_counts:
         num_layers = stages * _LAYERS_PER_STAGE.value
@@ -181,13 +252,7 @@ def main(argv: Sequence[str]) -> None:
                 contenders[m] = build(num_layers)
         for model in contenders.values():
             _epoch_s(model, dataset, 2)  # Traces, places.
-        # Contenders alternate within each repeat, so background load
-        # hits all alike; the median repeat counts.
-        times: dict[object, list[float]] = {name: [] for name in contenders}
-        for _ in range(_REPEATS.value):
-            for name, model in contenders.items():
-                times[name].append(_epoch_s(model, dataset, _STEPS.value) / _STEPS.value)
-        step_s = {name: statistics.median(t) for name, t in times.items()}
+        step_s = _median_step_s(contenders, dataset)
         base = step_s[microbatch_counts[0]]
         for m in microbatch_counts:
             speedup = base / step_s[m]
