@@ -46,14 +46,15 @@ test-keras3: $(EXTRAS_TEST)
 	$(PY) -m pytest tests $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 # Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1): the numerics,
-# unit and example tiers that start no cluster of processes. test-tfkeras-rest
-# runs the others under tf-keras (the conformance tier, multi-worker clusters);
-# test-all runs everything. CI runs `test` (CONTRIBUTING.md, "CI").
+# unit and example tiers that start no cluster of processes, and the whole
+# conformance tier (its multi-worker ports included). test-tfkeras-rest runs
+# the other multi-process model tests under tf-keras; test-all runs
+# everything. CI runs `test` (CONTRIBUTING.md, "CI").
 test-tfkeras: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests --ignore=tests/conformance -m "model and not multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and not multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests/conformance -m "model and multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 test-tfkeras-rest: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests/conformance -m model $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests --ignore=tests/conformance -m "model and multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 test-all: test test-tfkeras-rest
