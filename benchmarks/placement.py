@@ -9,7 +9,8 @@ layers (equal layers, so the params-balanced plan is even) trained with
 SGD through `model.fit` on S logical CPUs, one intra-op thread each (the
 inter-op pool has S + 1 threads, so S stages can run at once). For each S
 and M: the median step time over `repeats` timed epochs of `steps` steps
-(after an epoch that traces; all contenders of one S alternate within each
+(timed from the first step's start to the last step's end, after an epoch
+that traces; all contenders of one S alternate within each
 repeat, so background load hits them alike), the speed-up over the first M
 listed (M = 1 by default) on the same stages, and GPipe's ideal
 S·M / (M + S − 1) (`tfdist.placement.ideal_speedup`, relative to the same
@@ -29,6 +30,16 @@ inner activations rematerialization drops), trained with and without it;
 the peak bytes the CPU allocator held during `steps` steps after the
 first (TF reports them only with its BFC allocator on CPU, hence the
 variable; all logical CPUs share that one allocator), and the step time.
+
+    python benchmarks/placement.py --workload=balance --num_stages=2
+
+The balanced plan against an equal-layer-count `{layer: device}` map on
+an unbalanced stack (S layers of `width` units, then 3S of width/4): the
+step time through `fit`, and the slowest stage's time (forward and
+backward of one microbatch on its device, from `placement_report()`),
+which bounds the pipelined step where each stage has a device of its
+own. Logical CPUs share one thread pool, so there any stage's ops run on
+any free core and the step time hardly depends on the plan.
 """
 
 from __future__ import annotations
@@ -64,10 +75,29 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed epochs per case.", lower_bo
 
 
 def _epoch_s(model, dataset, steps: int) -> float:
-    """Seconds of one `fit` epoch of `steps` steps (Keras's loop included)."""
-    start = time.perf_counter()
-    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
-    return time.perf_counter() - start
+    """Seconds of the `steps` steps of one `fit` epoch, Keras's loop included.
+
+    From the start of the first step to the end of the last (each step's
+    function returns when it is done): not `fit`'s set-up and teardown.
+    Destroying the epoch's tf.data iterator waits for tf.data's autotuning
+    thread, 0.2 s to 2 s at random on this VM, one device too, which would
+    swamp a short epoch of steps.
+    """
+    import tensorflow as tf  # noqa: PLC0415
+
+    marks: list[float] = []
+
+    class StepClock(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                marks.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == steps - 1:
+                marks.append(time.perf_counter())
+
+    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[StepClock()])
+    return marks[1] - marks[0]
 
 
 def _median_step_s(models: dict, dataset) -> dict:
@@ -178,7 +208,7 @@ def _balance(stage_counts, microbatch_counts) -> None:
     for stages in stage_counts:
         devices = [f"/cpu:{i}" for i in range(stages)]
         naive = {f"dense_{i}": devices[i // 4] for i in range(4 * stages)}
-        models, shares = {}, {}
+        models, shares, bottleneck_s = {}, {}, {}
         for m in microbatch_counts:
             for plan, placement in (("naive", naive), ("balanced", "balanced")):
                 strategy = tfdist.LayerPlacementStrategy(
@@ -189,18 +219,22 @@ def _balance(stage_counts, microbatch_counts) -> None:
                 _epoch_s(model, dataset, 2)  # Traces, places.
                 params = [stage.params for stage in strategy.placement_plan(model).stages]
                 shares[plan] = max(params) / sum(params)
+                bottleneck_s[plan, m] = max(strategy.placement_report(model).stage_times_s)
         step_s = _median_step_s(models, dataset)
         for m in microbatch_counts:
             rows.append(
                 f"| {stages} | {m} | {1e3 * step_s['naive', m]:.1f} "
                 f"| {100 * shares['naive']:.0f} % | {1e3 * step_s['balanced', m]:.1f} "
                 f"| {100 * shares['balanced']:.0f} % "
-                f"| {step_s['naive', m] / step_s['balanced', m]:.2f} |"
+                f"| {step_s['naive', m] / step_s['balanced', m]:.2f} "
+                f"| {1e3 * bottleneck_s['naive', m]:.1f} | {1e3 * bottleneck_s['balanced', m]:.1f} "
+                f"| {bottleneck_s['naive', m] / bottleneck_s['balanced', m]:.2f} |"
             )
             print(rows[-1], flush=True)
     _print_table(
         ("stages S", "microbatches M", "naive split step (ms)", "weights on its busiest stage",
-         "balanced step (ms)", "weights on its busiest stage", "balanced speed-up"),
+         "balanced step (ms)", "weights on its busiest stage", "balanced speed-up",
+         "naive slowest stage (ms)", "balanced slowest stage (ms)", "ratio"),
         rows,
     )
 
