@@ -73,6 +73,9 @@ Placement = Union[str, Mapping[str, str], PlacementFn]
 
 #: The host CPU: where variables wait for a plan, and the input lives.
 HOST_DEVICE = "/device:CPU:0"
+#: Global batch rows a model is profiled with when its batch size is not
+#: known at placement (Keras's default `batch_size`).
+ASSUMED_BATCH_ROWS = 32
 
 
 @dataclasses.dataclass
@@ -247,7 +250,9 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
           model: A built Keras model created under this strategy's scope.
           x: A batch of the model's input (a nest of tensors or arrays),
             or a nest of `tf.TensorSpec`; `None`: the model's `inputs`
-            (functional and Sequential models) with one microbatch of 1 row.
+            (functional and Sequential models). Its batch size is the one
+            the layers are profiled (and with `balance_by="measured"`
+            timed) on; `ASSUMED_BATCH_ROWS` where it is not static.
 
         Returns:
           The plan.
@@ -380,6 +385,15 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
         if placed is not None and placed.model() is model:
             return placed
         rows = batch_size or _static_rows(x)
+        if rows is None:
+            rows = ASSUMED_BATCH_ROWS
+            logging.info(
+                "tfdist: the batch size of model %r is not known when it is placed "
+                "(e.g. fit on numpy arrays); its layers are profiled on batches of "
+                "%d rows. To profile (and, with balance_by='measured', time) them on "
+                "your own batch, call strategy.place(model, x=a_batch) before fit.",
+                model.name, rows,
+            )
         with tf.init_scope():
             placed = self._plan_and_move(model, x, rows)
         self._placed[id(model)] = self._latest = placed
@@ -548,13 +562,13 @@ def _model_input(args: tuple[Any, ...]) -> tuple[Any, int | None]:
     return x, nominal
 
 
-def _static_rows(x: Any) -> int:
-    """The batch rows of `x` if static, else 1."""
+def _static_rows(x: Any) -> int | None:
+    """The batch rows of `x` if static, else None."""
     for leaf in tf.nest.flatten(x):
         shape = getattr(leaf, "shape", None)
         if shape is not None and len(shape) and shape[0] is not None:
             return int(shape[0])
-    return 1
+    return None
 
 
 def _microbatch_spec(value: Any, rows: int) -> tf.TensorSpec:

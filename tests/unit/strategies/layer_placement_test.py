@@ -16,6 +16,7 @@ from absl.testing import parameterized
 
 import tfdist
 from tfdist import errors
+from tfdist.strategies import layer_placement
 
 pytestmark = pytest.mark.model
 keras = tf.keras
@@ -35,10 +36,14 @@ def _model(widths=(16, 16, 3), name_prefix="d"):
 def _fit(strategy, widths=(16, 16, 3)):
     with strategy.scope():
         model = _model(widths)
+    return _fit_model(model)
+
+
+def _fit_model(model):
     rng = np.random.default_rng(0)
     model.fit(
         rng.normal(size=(32, 8)).astype("float32"),
-        rng.normal(size=(32, widths[-1])).astype("float32"),
+        rng.normal(size=(32, model.output_shape[-1])).astype("float32"),
         batch_size=16, epochs=1, verbose=0,
     )
     return model
@@ -152,6 +157,32 @@ class PlanAtFirstStepTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(report.microbatch_rows, 8)  # Batches of 16, M = 2.
         for index, name in enumerate(("d0", "d1", "d2")):
             self.assertRegex(str(report), rf"{name} +/device:CPU:{index} +stage {index}")
+
+    def test_unknown_batch_size_profiles_with_the_assumed_batch(self):
+        # A generator's batches have no static size and no batch op to read.
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(16, 8)).astype("float32")
+        y = rng.normal(size=(16, 3)).astype("float32")
+        dataset = tf.data.Dataset.from_generator(
+            lambda: iter([(x, y)]),
+            output_signature=(tf.TensorSpec([None, 8]), tf.TensorSpec([None, 3])),
+        )
+        strategy = tfdist.LayerPlacementStrategy(DEVICES[:2], num_microbatches=2)
+        with strategy.scope():
+            model = _model()
+        model.fit(dataset, epochs=1, verbose=0)
+        self.assertEqual(
+            strategy.placement_report().microbatch_rows,
+            layer_placement.ASSUMED_BATCH_ROWS // 2,
+        )
+
+    def test_place_with_a_batch_profiles_that_batch_before_fit(self):
+        strategy = tfdist.LayerPlacementStrategy(DEVICES[:2], num_microbatches=2)
+        with strategy.scope():
+            model = _model()
+        strategy.place(model, x=np.zeros((40, 8), "float32"))
+        _fit_model(model)  # Placed already: fit keeps the plan.
+        self.assertEqual(strategy.placement_report().microbatch_rows, 20)
 
     @parameterized.named_parameters(("flops", "flops"), ("measured", "measured"))
     def test_balance_by_flops_and_measured_plan_real_models(self, balance_by):
