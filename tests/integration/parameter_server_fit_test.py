@@ -32,6 +32,7 @@ NUM_BATCHES = 7
 NUM_FEATURES = 6
 CLUSTER_TIMEOUT_S = 420
 STRATEGY_TIMEOUT_S = 120
+CUSTOM_LOOP_STEPS = 60
 #: Whether tf.keras is Keras 3 (else tf-keras, TF_USE_LEGACY_KERAS=1).
 KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 
@@ -240,7 +241,50 @@ def fit_scenarios() -> dict[str, object]:
             "examples": float(model.evaluate(x, y, batch_size=2, verbose=0)[-1]),
         }
 
+    def custom_loop():
+        # TF's parameter-server tutorial's custom training loop: a
+        # ClusterCoordinator of the user's own, per-worker datasets, steps
+        # scheduled on both workers at once.
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(1)])
+            optimizer = keras.optimizers.SGD(0.01)
+            loss_metric = keras.metrics.Mean()
+        coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+        def dataset_fn(_):
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(2)
+
+        @tf.function
+        def per_worker_dataset_fn():
+            return strategy.distribute_datasets_from_function(dataset_fn)
+
+        iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+        @tf.function
+        def step_fn(iterator):
+            def replica_fn(features, labels):
+                with tf.GradientTape() as tape:
+                    pred = model(features, training=True)
+                    loss = tf.reduce_mean((pred[:, 0] - tf.cast(labels, tf.float32)) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                loss_metric.update_state(loss)
+                return loss
+
+            features, labels = next(iterator)
+            return strategy.run(replica_fn, args=(features, labels))
+
+        for _ in range(CUSTOM_LOOP_STEPS):
+            coordinator.schedule(step_fn, args=(iterator,))
+        coordinator.join()
+        return {
+            "same_coordinator": coordinator is strategy.coordinator,
+            "iterations": int(optimizer.iterations.numpy()),
+            "metric_count": float(loss_metric.count.numpy()),
+        }
+
     _scenario(record, "finite_dataset", finite_dataset)
+    _scenario(record, "custom_loop", custom_loop)
     _scenario(record, "many_small_steps", many_small_steps)
     _scenario(record, "steps_per_execution", steps_per_execution)
     _scenario(record, "repeat_and_steps_per_epoch", repeat_and_steps_per_epoch)
@@ -289,6 +333,14 @@ class ParameterServerFitTest(tf.test.TestCase):
         result = self.scenario("many_small_steps")
         self.assertEqual(result["iterations"], NUM_EXAMPLES // 2)
         self.assertEqual(result["examples"], NUM_EXAMPLES)
+
+    def test_custom_loop_on_the_coordinator_counts_every_step(self):
+        # Keras 3 counters in a custom loop: without tfdist's creation-time
+        # fix, 60 steps on 2 workers were counted as 40.
+        result = self.scenario("custom_loop")
+        self.assertTrue(result["same_coordinator"])
+        self.assertEqual(result["iterations"], CUSTOM_LOOP_STEPS)
+        self.assertEqual(result["metric_count"], CUSTOM_LOOP_STEPS)
 
     def test_evaluate_matches_one_device(self):
         result = self.scenario("finite_dataset")

@@ -19,7 +19,10 @@ strategy, the functions `fit`, `evaluate` and `predict` call:
    concurrent updates from several workers (150 steps counted as 126). On
    the given variable instances only, `assign_add`/`assign_sub` become
    TF's atomic `AssignAddVariableOp` on the underlying `tf.Variable`.
-   Other models, and other libraries' variables, are untouched.
+   `make_created_counter_exact()` does the same, from the strategy's
+   variable creator, for every Keras 3 variable created in its scope (so
+   custom loops on `ClusterCoordinator` count exactly too). Other
+   variables, and other libraries' variables, are untouched.
 
 Private Keras API used (checked by tests/unit/strategies/
 parameter_server_keras_test.py, which fails if Keras changes it):
@@ -52,6 +55,7 @@ __all__ = [
     "install_functions",
     "is_keras3_model",
     "make_counters_exact",
+    "make_created_counter_exact",
     "sharded_keras3_variables",
     "steps_per_execution",
 ]
@@ -194,9 +198,9 @@ def _exact_assign(variable: Any, keras_method: Callable[[Any], Any], sign: int) 
     from keras.src.backend.common import stateless_scope
 
     def assign(value: Any) -> Any:
-        if stateless_scope.in_stateless_scope():
-            return keras_method(value)
-        target = variable._value
+        target = getattr(variable, "_value", None)
+        if stateless_scope.in_stateless_scope() or not isinstance(target, tf.Variable):
+            return keras_method(value)  # Split over ps tasks: Keras's own.
         delta = tf.cast(value, target.dtype)
         if delta.shape != target.shape:
             delta = tf.broadcast_to(delta, tf.shape(target))
@@ -227,12 +231,51 @@ def make_counters_exact(variables: Iterable[Any]) -> int:
             getattr(variable, "_value", None), tf.Variable
         ):
             continue
-        keras_add = variable.assign_add
-        keras_sub = variable.assign_sub
-        object.__setattr__(variable, "assign_add", _exact_assign(variable, keras_add, +1))
-        object.__setattr__(variable, "assign_sub", _exact_assign(variable, keras_sub, -1))
+        _patch_exact(variable)
         changed += 1
     return changed
+
+
+def make_created_counter_exact() -> bool:
+    """Makes the Keras 3 variable being created now exact (`make_counters_exact`).
+
+    Called from a strategy's variable creator: Keras 3's TF backend
+    creates the `tf.Variable` of a `KerasVariable` in its `_initialize`;
+    this finds that frame within `_MAX_FRAMES` of the caller and patches
+    its `self`. So every Keras 3 variable created in the strategy's scope
+    (a model's, its optimizer's, a metric's) counts exactly wherever it
+    is updated from, custom loops on `ClusterCoordinator` included, not
+    only in the Keras loops tfdist drives. Its `tf.Variable` is not
+    assigned yet: the patched methods look it up at each call (and use
+    Keras's own for a variable split over ps tasks).
+
+    Returns:
+      Whether a Keras 3 variable was found and changed.
+    """
+    core = sys.modules.get("keras.src.backend.tensorflow.core")
+    initialize = getattr(getattr(core, "Variable", None), "_initialize", None)
+    code = getattr(initialize, "__code__", None)
+    if code is None:
+        return False
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return False
+        if frame.f_code is code:
+            variable = frame.f_locals.get("self")
+            if variable is None or "assign_add" in vars(variable):
+                return False
+            _patch_exact(variable)
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _patch_exact(variable: Any) -> None:
+    keras_add = variable.assign_add
+    keras_sub = variable.assign_sub
+    object.__setattr__(variable, "assign_add", _exact_assign(variable, keras_add, +1))
+    object.__setattr__(variable, "assign_sub", _exact_assign(variable, keras_sub, -1))
 
 
 def sharded_keras3_variables(variables: Iterable[Any], sharded_type: type) -> list[str]:

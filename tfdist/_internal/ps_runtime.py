@@ -45,6 +45,7 @@ from tensorflow.python.distribute.coordinator import (
     coordinator_context as _coordinator_context,
 )
 
+from tfdist._internal import keras_ps
 from tfdist._internal import update_hook
 
 __all__ = [
@@ -79,13 +80,17 @@ class ParameterServerExtended(  # type: ignore[misc]
     """
 
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
-        return self.create_variable(
+        variable = self.create_variable(
             next_creator,
             lambda **overrides: super(ParameterServerExtended, self)._create_variable(
                 next_creator, **{**kwargs, **overrides}
             ),
             **kwargs,
         )
+        # Workers update variables concurrently: Keras 3's read-modify-write
+        # assign_add of the variable this is for would lose updates.
+        keras_ps.make_created_counter_exact()
+        return variable
 
     def create_variable(self, next_creator: Any, default: Callable[..., Any], **kwargs: Any) -> Any:
         """Creates one variable; by default as TF does."""

@@ -141,6 +141,26 @@ class ExactCountersTest(tf.test.TestCase):
         self.assertEqual(float(variable.numpy()), 1.5)
         self.assertNotIn("assign_add", vars(other))
 
+    def test_variables_created_under_a_creator_that_asks_are_exact(self):
+        def creator(next_creator, **kwargs):
+            variable = next_creator(**kwargs)
+            found.append(keras_ps.make_created_counter_exact())
+            return variable
+
+        found = []
+        with tf.variable_creator_scope(creator):
+            variable = keras.Variable(0.0)
+        other = keras.Variable(0.0)
+        self.assertEqual(found, [True])
+        add = tf.function(lambda: variable.assign_add(2.0)).get_concrete_function().graph
+        self.assertIn("AssignAddVariableOp", {op.type for op in add.get_operations()})
+        variable.assign_add(2.0)
+        self.assertEqual(float(variable.numpy()), 2.0)
+        self.assertNotIn("assign_add", vars(other))
+
+    def test_created_counter_outside_keras_variable_creation_finds_none(self):
+        self.assertFalse(keras_ps.make_created_counter_exact())
+
     def test_exact_counter_broadcasts_like_keras(self):
         variable = keras.Variable(np.zeros((2, 2), "float32"))
         keras_ps.make_counters_exact([variable])
