@@ -34,6 +34,7 @@ from tfdist.launch.job import JobOutcome
 from tfdist.launch.job import JobResult
 from tfdist.launch.job import JobShape
 from tfdist.launch.job import TaskResult
+from tfdist.launch.local_cluster import free_local_address
 from tfdist.launch.local_cluster import make_local_cluster
 from tfdist.launch.restart import run_local_job
 from tfdist.launch.supervisor import DEFAULT_GRACE_PERIOD_S
@@ -55,6 +56,7 @@ __all__ = [
     "LocalJob",
     "TaskResult",
     "cluster_from_hosts",
+    "free_local_address",
     "make_local_cluster",
     "run_cli",
     "run_local_job",

@@ -28,7 +28,7 @@ from tfdist import errors
 from tfdist.cluster import spec
 from tfdist.launch import job
 
-__all__ = ["LOCAL_HOST", "make_local_cluster"]
+__all__ = ["LOCAL_HOST", "free_local_address", "make_local_cluster"]
 
 #: The host in every address of a local cluster.
 LOCAL_HOST = "127.0.0.1"
@@ -69,6 +69,15 @@ def make_local_cluster(shape: job.JobShape) -> spec.ClusterSpec:
         )
     ports = _pick_free_ports(shape.num_tasks)
     return shape.cluster_spec([f"{LOCAL_HOST}:{port}" for port in ports])
+
+
+def free_local_address() -> str:
+    """A `127.0.0.1:port` address whose port was free just now.
+
+    Raises:
+      LauncherError: If no free port is found.
+    """
+    return f"{LOCAL_HOST}:{_pick_free_ports(1)[0]}"
 
 
 def _pick_free_ports(count: int) -> tuple[int, ...]:

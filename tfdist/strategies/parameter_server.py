@@ -34,6 +34,7 @@ from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import resolver as resolver_lib
 from tfdist.cluster import to_cluster_resolver
+from tfdist.launch import local_cluster
 from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import keras_loop
 from tfdist.parameter_server import roles
@@ -180,7 +181,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
                 f"or None; received variable_partitioner={variable_partitioner!r} "
                 f"of type {type(variable_partitioner).__name__}."
             )
-        config = resolver_lib.resolve_cluster(cluster, cluster_resolver)
+        config = resolver_lib.resolve_cluster(
+            _coordinator_as_chief(cluster), _coordinator_as_chief(cluster_resolver)
+        )
         roles.check_cluster(config)
         assert config.task is not None and config.cluster is not None
         if config.task.task_type in roles.SERVING_TASK_TYPES:
@@ -326,8 +329,13 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         owner = keras_ps.installed_owner(model)
         if isinstance(owner, keras_loop.KerasLoop):
             return owner
-        sharded = keras_ps.sharded_keras3_variables(
-            model.weights, ps_runtime.ShardedVariable
+        # Keras 3 only (tf-keras trains split variables, and its `weights`
+        # raise on a model not built yet, such as TF's tutorial's
+        # Sequential([Dense(10)]) before its first batch).
+        sharded = (
+            keras_ps.sharded_keras3_variables(model.weights, ps_runtime.ShardedVariable)
+            if keras_ps.is_keras3_model(model)
+            else []
         )
         if sharded:
             raise errors.ConfigError(
@@ -347,3 +355,27 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
     def _make_counters_exact(self, variables: Sequence[Any]) -> None:
         keras_ps.make_counters_exact(variables)
+
+
+def _coordinator_as_chief(cluster: Any) -> Any:
+    """TF's cluster with the coordinator outside it, as one with this process as chief.
+
+    TF's ParameterServerStrategy also takes a resolver of worker and ps
+    jobs only, with no task (TF's tutorial's in-process cluster): the
+    process that builds the strategy coordinates from outside the cluster.
+    tfdist's coordinator is the chief task, so such a resolver gets a chief
+    job of this process (a free 127.0.0.1 port) and the task chief:0.
+    Anything else is returned as given.
+    """
+    if not isinstance(cluster, tf.distribute.cluster_resolver.ClusterResolver):
+        return cluster
+    jobs = cluster.cluster_spec().as_dict()
+    if cluster.task_type is not None or "chief" in jobs or not jobs.get("worker"):
+        return cluster
+    jobs = {**jobs, "chief": [local_cluster.free_local_address()]}
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs),
+        task_type="chief",
+        task_id=0,
+        rpc_layer=cluster.rpc_layer or "grpc",
+    )
