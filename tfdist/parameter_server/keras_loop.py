@@ -260,7 +260,9 @@ class KerasLoop:
         key, specs = _signature(batches)
         compiled = self._compiled.get((kind, key))
         if compiled is None:
-            self._exact_counters(self._variables())
+            if self._keras3:  # tf-keras's counters are atomic (and an unbuilt
+                # model's `variables` raise there: the trace builds it).
+                self._exact_counters(self._variables())
             if kind not in self._functions:
                 self._functions[kind] = self._runner.compile(kind, self._model, self._keras3)
             with self._strategy.scope():
