@@ -455,6 +455,19 @@ def recorded(port: Callable[[str, str], Record], contender: str, workdir: str) -
         return record
 
 
+def recorded_call(record: Record, call: Callable[[], Any]) -> Any:
+    """`call()`, or None with its exception recorded in `record` (one failure kept)."""
+    if record.error is not None:
+        return None
+    try:
+        return call()
+    except Exception as e:  # The contender failed the pattern; record how.
+        if os.environ.get("CONFORMANCE_DEBUG"):
+            raise
+        _record_failure(record, e)
+        return None
+
+
 def run_on_cluster(worker_fn: Callable[..., Record], contender: str, workdir: str) -> tuple[Record, ...]:
     """`worker_fn(contender, workdir)` on every task of a local 2-worker cluster.
 
