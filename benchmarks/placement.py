@@ -7,7 +7,8 @@
 A compute-heavy stack of `num_stages * layers_per_stage` Dense(width, relu)
 layers (equal layers, so the params-balanced plan is even) trained with
 SGD through `model.fit` on S logical CPUs, one intra-op thread each (the
-inter-op pool has S + 1 threads, so S stages can run at once). For each S
+inter-op pool has S + 1 threads, so S stages can run at once, but no more
+than the machine has cores). For each S
 and M: the median step time over `repeats` timed epochs of `steps` steps
 (timed from the first step's start to the last step's end, after an epoch
 that traces; all contenders of one S alternate within each
@@ -69,6 +70,12 @@ _LAYERS_PER_STAGE = flags.DEFINE_integer(
 _WIDTH = flags.DEFINE_integer("width", 1024, "Units of each Dense layer.", lower_bound=1)
 _GLOBAL_BATCH_SIZE = flags.DEFINE_integer(
     "global_batch_size", 256, "Rows per step (split into M microbatches).", lower_bound=1
+)
+_INTER_OP_THREADS = flags.DEFINE_integer(
+    "inter_op_threads", 0,
+    "TF's inter-op threads; 0: S + 1 for the largest S, at most the machine's "
+    "cores (more threads than cores time-slice the stages' matrix products).",
+    lower_bound=0,
 )
 _STEPS = flags.DEFINE_integer("steps", 10, "Steps per timed epoch.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed epochs per case.", lower_bound=1)
@@ -251,7 +258,9 @@ def main(argv: Sequence[str]) -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(max(stage_counts) + 1)
+    tf.config.threading.set_inter_op_parallelism_threads(
+        _INTER_OP_THREADS.value or min(max(stage_counts) + 1, os.cpu_count() or 1)
+    )
     width, batch = _WIDTH.value, _GLOBAL_BATCH_SIZE.value
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, width)).astype("float32")
