@@ -56,7 +56,7 @@ __all__ = [
     "is_keras3_model",
     "make_counters_exact",
     "make_created_counter_exact",
-    "sharded_keras3_variables",
+    "creating_keras3_variable",
     "steps_per_execution",
 ]
 
@@ -252,23 +252,32 @@ def make_created_counter_exact() -> bool:
     Returns:
       Whether a Keras 3 variable was found and changed.
     """
+    variable = creating_keras3_variable()
+    if variable is None or "assign_add" in vars(variable):
+        return False
+    _patch_exact(variable)
+    return True
+
+
+def creating_keras3_variable() -> Any:
+    """The Keras 3 variable whose `tf.Variable` is being created, or None.
+
+    Called from a strategy's variable creator: looks at most `_MAX_FRAMES`
+    frames up for Keras 3's TF-backend `Variable._initialize`.
+    """
     core = sys.modules.get("keras.src.backend.tensorflow.core")
     initialize = getattr(getattr(core, "Variable", None), "_initialize", None)
     code = getattr(initialize, "__code__", None)
     if code is None:
-        return False
+        return None
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_MAX_FRAMES):
         if frame is None:
-            return False
+            return None
         if frame.f_code is code:
-            variable = frame.f_locals.get("self")
-            if variable is None or "assign_add" in vars(variable):
-                return False
-            _patch_exact(variable)
-            return True
+            return frame.f_locals.get("self")
         frame = frame.f_back
-    return False
+    return None
 
 
 def _patch_exact(variable: Any) -> None:
@@ -276,24 +285,6 @@ def _patch_exact(variable: Any) -> None:
     keras_sub = variable.assign_sub
     object.__setattr__(variable, "assign_add", _exact_assign(variable, keras_add, +1))
     object.__setattr__(variable, "assign_sub", _exact_assign(variable, keras_sub, -1))
-
-
-def sharded_keras3_variables(variables: Iterable[Any], sharded_type: type) -> list[str]:
-    """Paths of the Keras 3 variables whose `tf.Variable` is split (`sharded_type`).
-
-    Keras 3 cannot train them: its `train_step` asks the gradient tape for
-    the gradient of each variable's single `handle`, which a TF
-    `ShardedVariable` does not have.
-    """
-    common = sys.modules.get("keras.src.backend.common.variables")
-    if common is None:
-        return []
-    return [
-        str(getattr(variable, "path", variable.name))
-        for variable in variables
-        if isinstance(variable, common.Variable)
-        and isinstance(getattr(variable, "_value", None), sharded_type)
-    ]
 
 
 def steps_per_execution(model: Any) -> int:

@@ -32,10 +32,12 @@ Private TF API used (tested range: see setup.py):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 from tensorflow.python.distribute import parameter_server_strategy_v2 as _ps_v2
 from tensorflow.python.distribute import sharded_variable as _sharded_variable
 from tensorflow.python.distribute.coordinator import (
@@ -80,17 +82,50 @@ class ParameterServerExtended(  # type: ignore[misc]
     """
 
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
-        variable = self.create_variable(
-            next_creator,
-            lambda **overrides: super(ParameterServerExtended, self)._create_variable(
-                next_creator, **{**kwargs, **overrides}
-            ),
-            **kwargs,
-        )
+        keras3_variable = keras_ps.creating_keras3_variable()
+        with self._whole_for_keras3(keras3_variable, kwargs):
+            variable = self.create_variable(
+                next_creator,
+                lambda **overrides: super(ParameterServerExtended, self)._create_variable(
+                    next_creator, **{**kwargs, **overrides}
+                ),
+                **kwargs,
+            )
         # Workers update variables concurrently: Keras 3's read-modify-write
         # assign_add of the variable this is for would lose updates.
         keras_ps.make_created_counter_exact()
         return variable
+
+    @contextlib.contextmanager
+    def _whole_for_keras3(self, keras3_variable: Any, kwargs: dict[str, Any]) -> Iterator[None]:
+        """No `variable_partitioner` while a Keras 3 variable is created.
+
+        Keras 3 trains a variable through one handle, so a split one fails
+        at its first gradient ("'ShardedVariable' object has no attribute
+        'handle'"); whole, it trains. Logs what the partitioner would have
+        split.
+        """
+        partitioner: Any = getattr(self, "_variable_partitioner")  # TF sets it untyped.
+        if keras3_variable is None or partitioner is None:
+            yield
+            return
+        shape = tf.TensorShape(getattr(keras3_variable, "shape", None))
+        if shape.rank and shape.is_fully_defined():
+            shards = partitioner(shape, tf.as_dtype(kwargs.get("dtype") or tf.float32))
+            if shards and shards[0] > 1:
+                logging.warning(
+                    "tfdist: Keras 3 cannot train a variable split over ps tasks; "
+                    "%r of shape %s stays whole on one ps task instead of %d shards "
+                    "(variable_partitioner=%r). tf-keras (TF_USE_LEGACY_KERAS=1) "
+                    "trains split variables.",
+                    getattr(keras3_variable, "path", kwargs.get("name")),
+                    tuple(shape), shards[0], partitioner,
+                )
+        self._variable_partitioner = None
+        try:
+            yield
+        finally:
+            self._variable_partitioner = partitioner
 
     def create_variable(self, next_creator: Any, default: Callable[..., Any], **kwargs: Any) -> Any:
         """Creates one variable; by default as TF does."""

@@ -131,9 +131,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         `largest_staleness_seen` reports the bound measured.
       variable_partitioner: How variables are split over the ps tasks: a
         TF partitioner (`tf.distribute.experimental.partitioners`), whose
-        shards tf-keras trains (Keras 3 cannot: its `fit` then raises
-        `ConfigError` naming the split variables), or `None`: each
-        variable whole on one ps task, round robin.
+        shards tf-keras trains (Keras 3 cannot: its variables stay whole,
+        and a warning names each one the partitioner would have split), or
+        `None`: each variable whole on one ps task, round robin.
       timeout_s: Bound on start-up and on one step, seconds (> 0);
         default `DEFAULT_TIMEOUT_S` (300).
 
@@ -329,26 +329,6 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         owner = keras_ps.installed_owner(model)
         if isinstance(owner, keras_loop.KerasLoop):
             return owner
-        # Keras 3 only (tf-keras trains split variables, and its `weights`
-        # raise on a model not built yet, such as TF's tutorial's
-        # Sequential([Dense(10)]) before its first batch).
-        sharded = (
-            keras_ps.sharded_keras3_variables(model.weights, ps_runtime.ShardedVariable)
-            if keras_ps.is_keras3_model(model)
-            else []
-        )
-        if sharded:
-            raise errors.ConfigError(
-                "Keras 3 cannot train variables split over ps tasks (its "
-                "train step needs one handle per variable; tfdist does not "
-                "shard Keras 3 variables yet); received "
-                f"variable_partitioner={self._variable_partitioner!r}, which "
-                f"split {len(sharded)} variable(s): {', '.join(sharded[:5])}. "
-                "Pass variable_partitioner=None (each variable whole on one ps "
-                "task, round robin), a partitioner whose threshold these "
-                "variables stay under, or run tf-keras (TF_USE_LEGACY_KERAS=1), "
-                "which trains sharded variables."
-            )
         return keras_loop.KerasLoop(
             self, model, self._runner, exact_counters=self._make_counters_exact
         )
