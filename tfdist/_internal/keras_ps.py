@@ -19,10 +19,10 @@ strategy, the functions `fit`, `evaluate` and `predict` call:
    concurrent updates from several workers (150 steps counted as 126). On
    the given variable instances only, `assign_add`/`assign_sub` become
    TF's atomic `AssignAddVariableOp` on the underlying `tf.Variable`.
-   `make_created_counter_exact()` does the same, from the strategy's
-   variable creator, for every Keras 3 variable created in its scope (so
-   custom loops on `ClusterCoordinator` count exactly too). Other
-   variables, and other libraries' variables, are untouched.
+   `make_counter_exact(creating_keras3_variable())` does the same, from
+   the strategy's variable creator, for every Keras 3 variable created in
+   its scope (so custom loops on `ClusterCoordinator` count exactly too).
+   Other variables, and other libraries' variables, are untouched.
 
 Private Keras API used (checked by tests/unit/strategies/
 parameter_server_keras_test.py, which fails if Keras changes it):
@@ -55,7 +55,7 @@ __all__ = [
     "install_functions",
     "is_keras3_model",
     "make_counters_exact",
-    "make_created_counter_exact",
+    "make_counter_exact",
     "creating_keras3_variable",
     "steps_per_execution",
 ]
@@ -200,7 +200,7 @@ def _exact_assign(variable: Any, keras_method: Callable[[Any], Any], sign: int) 
     def assign(value: Any) -> Any:
         target = getattr(variable, "_value", None)
         if stateless_scope.in_stateless_scope() or not isinstance(target, tf.Variable):
-            return keras_method(value)  # Split over ps tasks: Keras's own.
+            return keras_method(value)  # Not a whole tf.Variable: Keras's own.
         delta = tf.cast(value, target.dtype)
         if delta.shape != target.shape:
             delta = tf.broadcast_to(delta, tf.shape(target))
@@ -236,23 +236,21 @@ def make_counters_exact(variables: Iterable[Any]) -> int:
     return changed
 
 
-def make_created_counter_exact() -> bool:
-    """Makes the Keras 3 variable being created now exact (`make_counters_exact`).
+def make_counter_exact(variable: Any) -> bool:
+    """Makes one Keras 3 variable exact (`make_counters_exact`), even before it has a value.
 
-    Called from a strategy's variable creator: Keras 3's TF backend
-    creates the `tf.Variable` of a `KerasVariable` in its `_initialize`;
-    this finds that frame within `_MAX_FRAMES` of the caller and patches
-    its `self`. So every Keras 3 variable created in the strategy's scope
-    (a model's, its optimizer's, a metric's) counts exactly wherever it
-    is updated from, custom loops on `ClusterCoordinator` included, not
-    only in the Keras loops tfdist drives. Its `tf.Variable` is not
-    assigned yet: the patched methods look it up at each call (and use
-    Keras's own for a variable split over ps tasks).
+    For a strategy's variable creator, with the variable
+    `creating_keras3_variable()` found: its `tf.Variable` is not assigned
+    yet, so the patched methods look it up at each call (and use Keras's
+    own for anything but a whole `tf.Variable`). So every Keras 3 variable
+    created in the strategy's scope (a model's, its optimizer's, a
+    metric's) counts exactly wherever it is updated from, custom loops on
+    `ClusterCoordinator` included, not only in the Keras loops tfdist
+    drives.
 
     Returns:
-      Whether a Keras 3 variable was found and changed.
+      Whether it changed (False if `variable` is None or already exact).
     """
-    variable = creating_keras3_variable()
     if variable is None or "assign_add" in vars(variable):
         return False
     _patch_exact(variable)

@@ -93,7 +93,7 @@ class ParameterServerExtended(  # type: ignore[misc]
             )
         # Workers update variables concurrently: Keras 3's read-modify-write
         # assign_add of the variable this is for would lose updates.
-        keras_ps.make_created_counter_exact()
+        keras_ps.make_counter_exact(keras3_variable)
         return variable
 
     @contextlib.contextmanager

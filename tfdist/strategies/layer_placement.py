@@ -389,7 +389,7 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
             rows = ASSUMED_BATCH_ROWS
             logging.info(
                 "tfdist: the batch size of model %r is not known when it is placed "
-                "(e.g. fit on numpy arrays); its layers are profiled on batches of "
+                "(e.g. a generator without static shapes); its layers are profiled on batches of "
                 "%d rows. To profile (and, with balance_by='measured', time) them on "
                 "your own batch, call strategy.place(model, x=a_batch) before fit.",
                 model.name, rows,

@@ -144,7 +144,7 @@ class ExactCountersTest(tf.test.TestCase):
     def test_variables_created_under_a_creator_that_asks_are_exact(self):
         def creator(next_creator, **kwargs):
             variable = next_creator(**kwargs)
-            found.append(keras_ps.make_created_counter_exact())
+            found.append(keras_ps.make_counter_exact(keras_ps.creating_keras3_variable()))
             return variable
 
         found = []
@@ -158,8 +158,9 @@ class ExactCountersTest(tf.test.TestCase):
         self.assertEqual(float(variable.numpy()), 2.0)
         self.assertNotIn("assign_add", vars(other))
 
-    def test_created_counter_outside_keras_variable_creation_finds_none(self):
-        self.assertFalse(keras_ps.make_created_counter_exact())
+    def test_outside_keras_variable_creation_finds_none(self):
+        self.assertIsNone(keras_ps.creating_keras3_variable())
+        self.assertFalse(keras_ps.make_counter_exact(None))
 
     def test_exact_counter_broadcasts_like_keras(self):
         variable = keras.Variable(np.zeros((2, 2), "float32"))
