@@ -420,6 +420,22 @@ def _record_failure(record: Record, error: Exception) -> None:
     record.error_detail = "\n".join(lines)[:MAX_ERROR_DETAIL]
 
 
+def recorded_call(record: Record, call: Callable[[], Any]) -> Any:
+    """`call()`, or None with its exception recorded in `record` (one failure kept).
+
+    With `CONFORMANCE_DEBUG` set in the environment the exception propagates.
+    """
+    if record.error is not None:
+        return None
+    try:
+        return call()
+    except Exception as e:  # The contender failed the pattern; record how.
+        if os.environ.get("CONFORMANCE_DEBUG"):
+            raise
+        _record_failure(record, e)
+        return None
+
+
 def keeps_partial_results(
     port: Callable[[str, str, Record], None],
 ) -> Callable[[str, str], Record]:
@@ -432,12 +448,7 @@ def keeps_partial_results(
 
     def run(contender: str, workdir: str) -> Record:
         record = Record()
-        try:
-            port(contender, workdir, record)
-        except Exception as e:  # The contender failed the pattern; record how.
-            if os.environ.get("CONFORMANCE_DEBUG"):
-                raise
-            _record_failure(record, e)
+        recorded_call(record, lambda: port(contender, workdir, record))
         return record
 
     return run
@@ -445,27 +456,9 @@ def keeps_partial_results(
 
 def recorded(port: Callable[[str, str], Record], contender: str, workdir: str) -> Record:
     """`port(contender, workdir)`, or a `Record` of the exception it raised."""
-    try:
-        return port(contender, workdir)
-    except Exception as e:  # The contender failed the pattern; record how.
-        if os.environ.get("CONFORMANCE_DEBUG"):
-            raise
-        record = Record()
-        _record_failure(record, e)
-        return record
-
-
-def recorded_call(record: Record, call: Callable[[], Any]) -> Any:
-    """`call()`, or None with its exception recorded in `record` (one failure kept)."""
-    if record.error is not None:
-        return None
-    try:
-        return call()
-    except Exception as e:  # The contender failed the pattern; record how.
-        if os.environ.get("CONFORMANCE_DEBUG"):
-            raise
-        _record_failure(record, e)
-        return None
+    failure = Record()
+    result = recorded_call(failure, lambda: port(contender, workdir))
+    return failure if failure.error is not None else result
 
 
 def run_on_cluster(worker_fn: Callable[..., Record], contender: str, workdir: str) -> tuple[Record, ...]:
