@@ -173,7 +173,12 @@ class UserInputPatternsTest(harness.ConformanceTestCase, parameterized.TestCase)
     def test_tf_strategy_matches_one_device(self, scenario):
         if harness.KERAS_3 and scenario in TF_UNDER_KERAS3:
             self.skipTest(f"under Keras 3 TF's strategy fails: {TF_UNDER_KERAS3[scenario]}")
-        self.assert_same_results(self.records[scenario]["tf"], self.records[scenario]["one_device"])
+        # TF's strategy sums its replicas' gradients in an order that varies
+        # between runs: one CI run ended an epoch's loss 1.16e-4 (relative)
+        # from one device's, above RTOL; tfdist's own checks keep RTOL.
+        self.assert_same_results(
+            self.records[scenario]["tf"], self.records[scenario]["one_device"], rtol=5 * harness.RTOL
+        )
 
     @unittest.skipUnless(harness.KERAS_3, "the failure is Keras 3's")
     def test_tf_strategy_fails_validation_data_smaller_than_a_batch_with_addn_shape_error_under_keras3(self):
