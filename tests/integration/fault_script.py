@@ -14,12 +14,26 @@ TF_CONFIG and trains a small model for 3 epochs of 8 steps. MODE:
   OUT_DIR/killed_at and sleeps before building the model (a slow data
   load or a debugger), so the others wait in the initial broadcast of
   variable values.
+Every task appends each epoch it begins to OUT_DIR/epochs-begun-<pid>.
+
 - `restart`: trains with `keras.callbacks.BackupAndRestore(OUT_DIR/backup)`;
   on its first attempt (no OUT_DIR/attempted-worker-1 yet) worker 1
   kills itself at step 3 of epoch 2. The chief writes the final weights to
   OUT_DIR/weights.npz.
 - `reference`: `restart` without a failure, in one process and without a
   strategy, writing OUT_DIR/weights.npz.
+
+Parameter-server modes (a chief, workers and ps tasks; every task runs
+this script: `tfdist.ParameterServerStrategy(mode="sync")` serves on the
+worker and ps tasks, each ps writes its pid to OUT_DIR/ps-<index>.pid, and
+the chief trains):
+
+- `ps_kill`: the chief kills ps:0 (SIGKILL) at step 3 of epoch 2, after
+  writing the time to OUT_DIR/killed_at, and writes what `fit` raised to
+  OUT_DIR/chief:0.json.
+- `ps_restart`: as `restart`, with the chief killing ps:0 on its first
+  attempt (no OUT_DIR/attempted-chief-0 yet); the chief writes the final
+  weights to OUT_DIR/weights.npz.
 """
 
 from __future__ import annotations
@@ -50,15 +64,20 @@ STALL_S = 600
 class _KillAt(keras.callbacks.Callback):
     """Kills (or stalls) this process at (KILL_EPOCH, KILL_STEP) when `armed`."""
 
-    def __init__(self, armed: bool, out_dir: str, stall: bool = False) -> None:
+    def __init__(
+        self, armed: bool, out_dir: str, stall: bool = False, victim: str | None = None
+    ) -> None:
         super().__init__()
         self._armed = armed
         self._stall = stall
         self._out_dir = out_dir
+        self._victim = victim  # A pid file's name in out_dir; None: this process.
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        with open(os.path.join(self._out_dir, f"epochs-begun-{os.getpid()}"), "a") as f:
+            f.write(f"{epoch}\n")
 
     def on_train_batch_end(self, batch, logs=None):
         if self._armed and self._epoch == KILL_EPOCH and batch == KILL_STEP:
@@ -66,7 +85,12 @@ class _KillAt(keras.callbacks.Callback):
                 f.write(repr(time.time()))
             if self._stall:
                 time.sleep(STALL_S)
-            os.kill(os.getpid(), signal.SIGKILL)
+            pid = os.getpid()
+            if self._victim is not None:
+                self._armed = False
+                with open(os.path.join(self._out_dir, self._victim)) as f:
+                    pid = int(f.read().split()[-1])  # The latest start's.
+            os.kill(pid, signal.SIGKILL)
 
 
 def _model():
@@ -82,7 +106,17 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
         model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=EPOCHS, shuffle=False, verbose=0)
         np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
         return
-    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
+    if mode.startswith("ps_"):
+        task_env = json.loads(os.environ["TF_CONFIG"])["task"]
+        if task_env["type"] == "ps":
+            with open(os.path.join(out_dir, f"ps-{task_env['index']}.pid"), "a") as f:
+                f.write(f"{os.getpid()}\n")
+        # Serves (and never returns) on the worker and ps tasks.
+        strategy = tfdist.ParameterServerStrategy(mode="sync", timeout_s=timeout_s)
+        killer = "chief:0"
+    else:
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
+        killer = "worker:1"
     task = strategy.cluster_config.task
     if mode == "stall_before_build" and task.name == "worker:1":
         with open(os.path.join(out_dir, "killed_at"), "w") as f:
@@ -92,8 +126,15 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
     first_attempt = not os.path.exists(attempted)
     with open(attempted, "a") as f:
         f.write("1\n")
-    callbacks = [_KillAt(task.name == "worker:1" and first_attempt, out_dir, mode == "stall")]
-    if mode == "restart":
+    callbacks = [
+        _KillAt(
+            task.name == killer and first_attempt,
+            out_dir,
+            mode == "stall",
+            victim="ps-0.pid" if mode.startswith("ps_") else None,
+        )
+    ]
+    if mode in ("restart", "ps_restart"):
         callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")))
     try:
         with strategy.scope():
@@ -115,7 +156,7 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
         with open(os.path.join(out_dir, f"{task.name}.json"), "w") as f:
             json.dump(record, f)
         raise
-    if task.name == "worker:0":
+    if task.name in ("worker:0", "chief:0"):
         np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
 
 

@@ -71,6 +71,16 @@ def _weights(path: str) -> list[np.ndarray]:
         return [data[f"arr_{i}"] for i in range(len(data.files))]
 
 
+def _epochs_begun(out_dir: str) -> list[list[int]]:
+    """Per process that trained, the epochs it began (`fault_script`'s records)."""
+    begun = []
+    for name in os.listdir(out_dir):
+        if name.startswith("epochs-begun-"):
+            with open(os.path.join(out_dir, name)) as f:
+                begun.append([int(line) for line in f.read().split()])
+    return begun
+
+
 def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
     """Runs both workers in `mode`; returns worker 0's record and the fault time."""
     out_dir = test.create_tempdir().full_path
@@ -251,6 +261,11 @@ class RestartTest(tf.test.TestCase, parameterized.TestCase):
         result = _launch(out_dir, "--restarts", "1", mode="restart", tf_keras=tf_keras)
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
         self.assertTrue(os.path.exists(os.path.join(out_dir, "killed_at")))
+        # Both workers were relaunched at the epoch of the kill, not at 0.
+        self.assertCountEqual(
+            _epochs_begun(out_dir),
+            [[0, fault_script.KILL_EPOCH]] * 2 + [[fault_script.KILL_EPOCH, 2]] * 2,
+        )
         reference_dir = self.create_tempdir().full_path
         subprocess.run(
             [sys.executable, SCRIPT, "reference", reference_dir],

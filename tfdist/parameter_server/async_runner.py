@@ -12,6 +12,9 @@ compiled function, run on one worker:
                 # barrier; another worker's update may land in between)
         return logs                       # the last step's
 
+Training and evaluation steps are recorded in the `step_ledger` once they
+finish, so a step whose worker fails after it finished is not run again.
+
 Keras's own `train_step` (or the user's override) runs unchanged; tf-keras
 step counters are incremented as tf-keras's own functions do.
 """
@@ -25,6 +28,7 @@ import tensorflow as tf
 
 from tfdist._internal import keras_ps
 from tfdist.parameter_server import scheduler as scheduler_lib
+from tfdist.parameter_server import step_ledger
 
 __all__ = ["AsyncRunner"]
 
@@ -63,6 +67,9 @@ class AsyncRunner:
       strategy: The parameter-server strategy (its `run` is called on the
         worker, inside the scheduled function).
       scheduler: Where the steps are queued.
+
+    Attributes:
+      ledger: Where train and test steps record finishing.
     """
 
     def __init__(
@@ -70,8 +77,9 @@ class AsyncRunner:
     ) -> None:
         self._strategy = strategy
         self._scheduler = scheduler
+        self.ledger = step_ledger.StepLedger(strategy)
 
-    def compile(self, kind: str, model: Any, keras3: bool) -> Callable[[Any], Any]:
+    def compile(self, kind: str, model: Any, keras3: bool) -> Any:
         one_step = step_body(self._strategy, kind, model)
 
         def steps(batches: tuple[Any, ...]) -> Any:
@@ -81,7 +89,9 @@ class AsyncRunner:
             return outputs[-1]
 
         # Keras 3 compiles its step without autograph; tf-keras with it.
-        return tf.function(steps, autograph=not keras3)
+        if kind == "predict":  # Updates nothing: a re-run is harmless.
+            return tf.function(steps, autograph=not keras3)
+        return self.ledger.function(steps, autograph=not keras3)
 
     def submit(
         self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int

@@ -60,8 +60,11 @@ _POLL_S = 0.1
 class StepRunner(Protocol):
     """Runs compiled multi-batch steps somewhere (workers, or the whole cluster)."""
 
-    def compile(self, kind: str, model: Any, keras3: bool) -> Callable[[Any], Any]:
-        """The traced function running `kind` steps of `model` on a tuple of batches."""
+    def compile(self, kind: str, model: Any, keras3: bool) -> Any:
+        """The function running `kind` steps of `model` on a tuple of batches.
+
+        Traced by the loop through its `get_concrete_function(specs)`.
+        """
 
     def submit(
         self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
@@ -280,13 +283,22 @@ class KerasLoop:
         finished = self._runner.finished()
         now = time.monotonic()
         if synchronous or self._logs is None:
-            self._logs = self._runner.result(handle)
+            self._logs = self._logs_of(handle)
             self._runner.finished()
             self._logs_fetched_s = now
         elif finished and now - self._logs_fetched_s >= _LOGS_INTERVAL_S:
-            self._logs = self._runner.result(finished[-1])
+            self._logs = self._logs_of(finished[-1])
             self._logs_fetched_s = now
         return self._logs
+
+    def _logs_of(self, handle: Any) -> Any:
+        """A finished step's logs; for a step not run again (None), the latest logs known."""
+        logs = self._runner.result(handle)
+        if logs is not None:
+            return logs
+        if self._logs is not None:
+            return self._logs
+        return self._model.get_metrics_result()  # After the barrier it installs.
 
     def _predict(self, data: Any) -> Any:
         count = keras_ps.steps_per_execution(self._model)

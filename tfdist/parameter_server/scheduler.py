@@ -38,7 +38,11 @@ applied, so this bounds the true staleness from above).
 
 A worker that dies mid-step is TF's to handle: its step is queued again,
 with the same arguments (the same batch), and runs on another worker;
-`reruns` counts how often that happened. Contract: the methods are called
+`reruns` counts how often that happened. TF also re-queues a step that had
+finished when its worker's failure surfaced (copying its outputs failed);
+for a `step_ledger.Recorded` function the re-run first reads the ledger
+and skips a step that had finished (`reruns_skipped`; its result is
+None). Contract: the methods are called
 from one thread (the one running Keras's loop); after any error raised
 here, the strategy cannot schedule again (restart the job).
 """
@@ -59,6 +63,7 @@ from absl import logging
 from tfdist import errors
 from tfdist._internal import ps_runtime
 from tfdist.cluster import ClusterConfig
+from tfdist.parameter_server import step_ledger
 from tfdist.watchdog import startup
 
 __all__ = ["Step", "StepScheduler", "staleness_window"]
@@ -148,6 +153,7 @@ class StepScheduler:
         self._running: set[Step] = set()
         self._last_progress_s = time.monotonic()
         self.reruns = 0
+        self.reruns_skipped = 0
         self.completed = 0
         self.executions_by_worker: collections.Counter[int] = collections.Counter()
         self._lost: str | None = None
@@ -215,19 +221,41 @@ class StepScheduler:
             self._running.add(step)
             step.started_s = time.monotonic()
         try:
-            result = function(*args)
+            ran, result = self._call(step, function, args)
         finally:
             with self._lock:
                 step.started_s = None
                 self._running.discard(step)
         with self._lock:
-            self.executions_by_worker[step.worker] += 1
+            self.executions_by_worker[step.worker] += int(ran)
             self.largest_staleness_seen = max(self.largest_staleness_seen, step.overlap_steps)
         step.done.set()
         return result
 
+    def _call(
+        self, step: Step, function: Callable[..., Any], args: tuple[Any, ...]
+    ) -> tuple[bool, Any]:
+        """(ran, outputs) of the step's function; a recorded one that had finished does not run."""
+        if not isinstance(function, step_ledger.Recorded):
+            return True, function(*args)
+        ticket = step.index + 1
+        if step.attempts > 1 and function.ledger.finished(ticket):
+            with self._lock:
+                self.reruns_skipped += 1
+            logging.warning(
+                "tfdist: step %d had finished on its worker before that worker "
+                "failed; it is not run again.",
+                step.index,
+            )
+            return False, None
+        return True, function(ticket, *args)
+
     def result(self, step: Step) -> Any:
-        """Waits for `step` (see `wait`); returns its outputs, copied to the chief."""
+        """Waits for `step` (see `wait`); returns its outputs, copied to the chief.
+
+        None for a recorded step that was not run again because it had
+        finished (see module).
+        """
         self.wait(step)
         return step.remote.get()
 

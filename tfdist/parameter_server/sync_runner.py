@@ -125,8 +125,9 @@ class _SyncTrainFunction:
             for accumulator in self._accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
 
-        self._gradients = tf.function(gradients, autograph=not keras3)
-        self._apply = tf.function(apply_once, autograph=not keras3)
+        # Recorded: a slice or an apply that finished is never applied twice.
+        self._gradients = runner.ledger.function(gradients, autograph=not keras3)
+        self._apply = runner.ledger.function(apply_once, autograph=not keras3)
         self._apply_concrete: Any = None
 
     def get_concrete_function(self, specs: tuple[Any, ...]) -> _SyncSteps:
@@ -165,6 +166,7 @@ class SyncRunner:
         self._scheduler = scheduler
         self._num_workers = num_workers
         self._async = async_runner.AsyncRunner(strategy, scheduler)
+        self.ledger = self._async.ledger
         # Apply steps return nothing: never handed out as a step's logs.
         self._applies: set[scheduler_lib.Step] = set()
 

@@ -1,0 +1,196 @@
+"""Faults in a parameter-server job: a worker killed mid-epoch, a ps killed, a job restarted.
+
+Real processes on 127.0.0.1, each job bounded by a hard kill:
+
+- A worker killed (SIGKILL) mid-epoch, under the launcher's rules (the
+  worker is restarted alone, the chief carries on): `fit` completes, the
+  steps that worker had are run again elsewhere, and every example is
+  trained on exactly once per epoch (counted on the ps) with exactly one
+  optimizer step per batch, in async and sync mode. Without the step
+  ledger (`tfdist.parameter_server.step_ledger`) this failed in 2 of 3
+  runs: TF re-queued a step that had finished on the killed worker, and
+  fit ran 65 steps of 64.
+- A ps killed mid-epoch, in a job of plain processes (no launcher to stop
+  the chief): the chief's `fit` raises `WorkerUnavailableError` naming
+  ps:0, well before `timeout_s`.
+- The same under `tfdist.launch --restarts 1` with
+  `keras.callbacks.BackupAndRestore`: the job is relaunched, resumes from
+  the last epoch's backup and ends with the weights of an uninterrupted
+  one-device run (sync mode, one worker: the same updates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl.testing import parameterized
+
+import tfdist
+from tests.integration import fault_script
+from tests.integration.fault_test import FLOAT32_ATOL
+from tests.integration.fault_test import FLOAT32_RTOL
+from tests.integration.fault_test import JOB_LIMIT_S
+from tests.integration.fault_test import TIMEOUT_S
+from tests.integration.fault_test import _env
+from tests.integration.fault_test import _epochs_begun
+from tests.integration.fault_test import _weights
+from tfdist import launch
+
+pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
+
+SCRIPT = os.path.abspath(fault_script.__file__)
+NUM_EXAMPLES = 512
+BATCH_SIZE = 16
+EPOCHS = 2
+STEPS_PER_EPOCH = NUM_EXAMPLES // BATCH_SIZE
+#: The chief's batch (of its first epoch) after which it kills worker:1.
+KILL_AFTER_BATCH = 5
+
+
+def worker_killed_job(out_dir: str, mode: str) -> dict[str, object]:
+    """Every task's script; the chief kills worker:1 mid-epoch and reports what fit did."""
+    keras = tf.keras
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    if task["type"] == "worker":
+        with open(os.path.join(out_dir, f"worker-{task['index']}.pid"), "a") as f:
+            f.write(f"{os.getpid()}\n")
+    strategy = tfdist.ParameterServerStrategy(mode=mode, timeout_s=TIMEOUT_S)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(NUM_EXAMPLES, 6)).astype("float32")
+    x[:, 0] = np.arange(NUM_EXAMPLES)  # Each example's id, counted on the ps.
+    y = (x[:, 1] > 0).astype("int32")
+
+    class CountIds(keras.layers.Layer):
+        def build(self, input_shape):
+            self.counts = tf.Variable(tf.zeros([NUM_EXAMPLES], tf.int32), trainable=False)
+
+        def call(self, inputs, training=None):
+            if not training:
+                return inputs[:, 1:]
+            seen = tf.math.bincount(
+                tf.cast(inputs[:, 0], tf.int32),
+                minlength=NUM_EXAMPLES, maxlength=NUM_EXAMPLES, dtype=tf.int32,
+            )
+            with tf.control_dependencies([self.counts.assign_add(seen)]):
+                return tf.identity(inputs[:, 1:])
+
+    class KillWorker(keras.callbacks.Callback):
+        killed = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == KILL_AFTER_BATCH and not self.killed:
+                self.killed = True
+                with open(os.path.join(out_dir, "worker-1.pid")) as f:
+                    os.kill(int(f.read().split()[0]), signal.SIGKILL)
+
+    with strategy.scope():
+        counter = CountIds()
+        model = keras.Sequential(
+            [keras.Input((6,)), counter, keras.layers.Dense(32, activation="relu"),
+             keras.layers.Dense(2)]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.05),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(NUM_EXAMPLES).batch(BATCH_SIZE)
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[KillWorker()])
+    return {
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "counts": counter.counts.numpy().tolist(),
+        "steps_rerun": strategy.steps_rerun,
+        "loss": history.history["loss"],
+    }
+
+
+class WorkerKilledTest(tf.test.TestCase, parameterized.TestCase):
+
+    @parameterized.named_parameters(("async", "async"), ("sync", "sync"))
+    def test_fit_completes_with_every_step_applied_once(self, mode):
+        result = tfdist.testing.run_local_ps_job(
+            worker_killed_job, num_workers=2, num_ps=1, timeout_s=JOB_LIMIT_S,
+            args=(self.create_tempdir().full_path, mode),
+        )
+        self.assertGreaterEqual(result["steps_rerun"], 1)  # The killed worker's step.
+        self.assertEqual(result["iterations"], EPOCHS * STEPS_PER_EPOCH)
+        self.assertEqual(result["counts"], [EPOCHS] * NUM_EXAMPLES)
+        self.assertLess(result["loss"][-1], result["loss"][0])
+
+
+def _run_ps_job_of_processes(out_dir: str) -> dict[str, subprocess.Popen]:
+    """Chief + 1 worker + 1 ps running `fault_script ps_kill`, no launcher; by task name."""
+    shape = launch.JobShape(1, num_ps=1, has_chief=True)
+    cluster = launch.make_local_cluster(shape).to_dict()
+    procs = {}
+    for task in shape.tasks():
+        config = json.dumps(
+            {"cluster": cluster, "task": {"type": task.task_type, "index": task.task_id}}
+        )
+        procs[task.name] = subprocess.Popen(
+            [sys.executable, SCRIPT, "ps_kill", out_dir, str(TIMEOUT_S)],
+            env=_env(config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+    return procs
+
+
+class ParameterServerKilledTest(tf.test.TestCase):
+
+    def test_chief_raises_worker_unavailable_naming_the_ps_in_time(self):
+        out_dir = self.create_tempdir().full_path
+        procs = _run_ps_job_of_processes(out_dir)
+        try:
+            chief_stderr = procs["chief:0"].communicate(timeout=JOB_LIMIT_S)[1]
+        finally:
+            for proc in procs.values():
+                proc.kill()
+                proc.wait()
+        self.assertNotEqual(procs["chief:0"].returncode, 0, chief_stderr[-3000:])
+        self.assertEqual(procs["ps:0"].returncode, -signal.SIGKILL)
+        with open(os.path.join(out_dir, "chief:0.json")) as f:
+            record = json.load(f)
+        with open(os.path.join(out_dir, "killed_at")) as f:
+            killed_at = float(f.read())
+        self.assertTrue(record["is_lost"], record)
+        self.assertEqual(record["task"], "ps:0")
+        self.assertIn("restart the job", record["message"])
+        # The ps probe's 2 s, not the timeout; the margin covers a loaded machine.
+        self.assertLess(record["raised_at"] - killed_at, TIMEOUT_S)
+
+    def test_launcher_restart_resumes_from_backup_with_uninterrupted_weights(self):
+        out_dir = self.create_tempdir().full_path
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "tfdist.launch", "--chief", "--workers", "1", "--ps", "1",
+             "--restarts", "1", "--", sys.executable, SCRIPT, "ps_restart", out_dir,
+             str(TIMEOUT_S)],
+            env=_env(), capture_output=True, text=True, timeout=JOB_LIMIT_S,
+        )
+        self.assertEqual(result.returncode, 0, result.stderr[-5000:])
+        self.assertIn("restart 1/1", result.stderr)
+        self.assertTrue(os.path.exists(os.path.join(out_dir, "killed_at")))
+        self.assertLess(time.monotonic() - started, JOB_LIMIT_S)
+        # The relaunched chief began at the epoch it was killed in, not at 0.
+        self.assertCountEqual(
+            _epochs_begun(out_dir), [[0, fault_script.KILL_EPOCH], [fault_script.KILL_EPOCH, 2]]
+        )
+        reference_dir = self.create_tempdir().full_path
+        subprocess.run(
+            [sys.executable, SCRIPT, "reference", reference_dir],
+            env=_env(), check=True, capture_output=True, timeout=JOB_LIMIT_S,
+        )
+        restarted = _weights(os.path.join(out_dir, "weights.npz"))
+        uninterrupted = _weights(os.path.join(reference_dir, "weights.npz"))
+        for a, b in zip(restarted, uninterrupted):
+            self.assertAllClose(a, b, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
