@@ -2,12 +2,12 @@
 
 Two child processes, each an in-process cluster (2 workers): the first
 (2 ps) builds an Embedding + Dense model under a `MinSizePartitioner`,
-trains it with `fit`, records where each shard lives and writes a TF
-checkpoint; the second (3 ps, 3 shards per large variable) builds the
-same model and restores that checkpoint. Under tf-keras the large
-variables are split; Keras 3 cannot train split variables, so there tfdist
-keeps every Keras 3 variable whole (round robin over the ps tasks, with a
-warning) and the same training and restore must work.
+trains it with `fit` in sync mode next to the same model on one device
+(same initial weights, same batches: the weights must match to float32
+rounding), records where each shard and each optimizer slot lives and
+writes a TF checkpoint; the second (3 ps, 3 shards per large variable)
+builds the same model and restores that checkpoint. Under Keras 3 and
+tf-keras alike.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ BATCH_SIZE = 64
 MIN_SHARD_BYTES = 4096
 CLUSTER_TIMEOUT_S = 300
 STRATEGY_TIMEOUT_S = 120
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
+EPOCHS = 4
 
 
 def _data() -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +56,10 @@ def _build(keras, strategy):
             ]
         )
         model.compile(
-            optimizer=keras.optimizers.Adam(0.01),
+            # Momentum: a slot per variable. (Adam's step normalises float32
+            # rounding of a near-zero gradient up to its learning rate, so
+            # it cannot be compared with one device to rounding.)
+            optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
@@ -68,6 +71,13 @@ def _large_variables(model) -> dict[str, object]:
     return {"embedding": embedding.embeddings, "kernel": hidden.kernel}
 
 
+def _whole_weights(model) -> list[np.ndarray]:
+    """The model's weights, each whole (tf-keras's `get_weights` lists shards)."""
+    embedding, _, hidden, output = model.layers
+    variables = (embedding.embeddings, hidden.kernel, hidden.bias, output.kernel, output.bias)
+    return [tf.convert_to_tensor(v).numpy() for v in variables]
+
+
 def _placement(variable) -> list[str]:
     """The device of each shard, in shard order (one entry if whole)."""
     variable = getattr(variable, "_value", variable)  # Keras 3 wraps a tf.Variable.
@@ -75,29 +85,46 @@ def _placement(variable) -> list[str]:
     return [shard.device.split("/device")[0] for shard in shards]
 
 
-def _strategy(num_ps: int):
+def _slot_rows(model) -> list[tuple[str, int]]:
+    """(ps task, rows) of every optimizer variable (or shard of one) of the embedding's width."""
+    found = []
+    for variable in model.optimizer.variables:
+        variable = getattr(variable, "_value", variable)
+        for part in getattr(variable, "variables", None) or [variable]:
+            if part.shape.rank == 2 and part.shape[1] == EMBEDDING_DIM:
+                found.append((part.device.split("/device")[0], int(part.shape[0])))
+    return found
+
+
+def _strategy(num_ps: int, mode: str = "async"):
     config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=num_ps)
     partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
         min_shard_bytes=MIN_SHARD_BYTES, max_shards=num_ps
     )
     return tfdist.ParameterServerStrategy(
-        config, timeout_s=STRATEGY_TIMEOUT_S, variable_partitioner=partitioner
+        config, mode=mode, timeout_s=STRATEGY_TIMEOUT_S, variable_partitioner=partitioner
     )
 
 
 def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
     """Child 1 (2 ps): fit, placement, checkpoint."""
     keras = tf.keras
-    strategy = _strategy(num_ps=2)
+    strategy = _strategy(num_ps=2, mode="sync")
     x, y = _data()
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(NUM_EXAMPLES).batch(BATCH_SIZE)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
     model = _build(keras, strategy)
+    one_device = _build(keras, tf.distribute.get_strategy())
+    one_device.set_weights(_whole_weights(model))
     record: dict[str, object] = {}
     try:
-        history = model.fit(dataset, epochs=4, verbose=0)
+        history = model.fit(dataset, epochs=EPOCHS, verbose=0)
     except Exception as e:  # noqa: BLE001 - reported to the test.
         record["unexpected"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         return record
+    one_device.fit(dataset, epochs=EPOCHS, verbose=0)
+    record["weights"] = _whole_weights(model)
+    record["one_device_weights"] = one_device.get_weights()
+    record["slot_rows"] = _slot_rows(model)
     large = _large_variables(model)
     record["placement"] = {name: _placement(v) for name, v in large.items()}
     record["values"] = {name: tf.convert_to_tensor(v).numpy() for name, v in large.items()}
@@ -152,31 +179,30 @@ class ShardedVariablesTest(tf.test.TestCase):
         super().setUp()
         self.assertNotIn("unexpected", self.trained, self.trained.get("unexpected"))
 
-    @pytest.mark.skipif(not KERAS_3, reason="tf-keras splits them (next test)")
-    def test_keras3_keeps_large_variables_whole(self):
-        placement = self.trained["placement"]
-        for name in ("embedding", "kernel"):
-            self.assertLen(placement[name], 1, name)
-        self.assertCountEqual(
-            placement["embedding"] + placement["kernel"], _ps(0, 1), "round robin"
-        )
-
-    @pytest.mark.skipif(KERAS_3, reason="Keras 3 cannot train split variables")
     def test_large_variables_are_split_over_both_ps_tasks(self):
         placement = self.trained["placement"]
         for name in ("embedding", "kernel"):
             self.assertCountEqual(placement[name], _ps(0, 1), name)
 
-    def test_fit_trains_the_large_variables(self):
+    def test_optimizer_slots_are_split_like_their_variable(self):
+        # The momentum of the (1000, 16) table: in shards on both ps tasks,
+        # not whole on one.
+        rows = self.trained["slot_rows"]
+        self.assertCountEqual({task for task, _ in rows}, _ps(0, 1))
+        self.assertEqual(sum(count for _, count in rows), VOCABULARY)
+        self.assertLess(max(count for _, count in rows), VOCABULARY)
+
+    def test_fit_with_split_variables_equals_one_device(self):
+        for split, whole in zip(self.trained["weights"], self.trained["one_device_weights"]):
+            np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-6)
         loss = self.trained["loss"]
-        self.assertLess(loss[-1], 0.5 * loss[0])
-        self.assertEqual(self.trained["iterations"], 4 * NUM_EXAMPLES // BATCH_SIZE)
+        self.assertLess(loss[-1], loss[0])
+        self.assertEqual(self.trained["iterations"], EPOCHS * NUM_EXAMPLES // BATCH_SIZE)
 
     def test_checkpoint_of_two_ps_restores_into_three(self):
         restored = self.restored
         for name in ("embedding", "kernel"):
-            if not KERAS_3:  # Split in 3 now; Keras 3's stay whole.
-                self.assertCountEqual(restored["placement"][name], _ps(0, 1, 2), name)
+            self.assertCountEqual(restored["placement"][name], _ps(0, 1, 2), name)
             np.testing.assert_array_equal(
                 restored["values"][name], self.trained["values"][name], err_msg=name
             )

@@ -48,6 +48,7 @@ from tensorflow.python.distribute.coordinator import (
 )
 
 from tfdist._internal import keras_ps
+from tfdist._internal import keras_sharded
 from tfdist._internal import update_hook
 
 __all__ = [
@@ -83,7 +84,11 @@ class ParameterServerExtended(  # type: ignore[misc]
 
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
         keras3_variable = keras_ps.creating_keras3_variable()
-        with self._whole_for_keras3(keras3_variable, kwargs):
+        colocate_with = kwargs.get("colocate_with")
+        if isinstance(colocate_with, ShardedVariable):
+            # A slot of a split variable (Keras 3's optimizers colocate them).
+            variable = self._create_split_like(next_creator, colocate_with, **kwargs)
+        else:
             variable = self.create_variable(
                 next_creator,
                 lambda **overrides: super(ParameterServerExtended, self)._create_variable(
@@ -94,33 +99,56 @@ class ParameterServerExtended(  # type: ignore[misc]
         # Workers update variables concurrently: Keras 3's read-modify-write
         # assign_add of the variable this is for would lose updates.
         keras_ps.make_counter_exact(keras3_variable)
+        if keras3_variable is not None and isinstance(variable, ShardedVariable):
+            keras_sharded.mark_split(keras3_variable)  # Checkpoints as its shards.
         return variable
 
-    @contextlib.contextmanager
-    def _whole_for_keras3(self, keras3_variable: Any, kwargs: dict[str, Any]) -> Iterator[None]:
-        """No `variable_partitioner` while a Keras 3 variable is created.
+    def _create_split_like(self, next_creator: Any, like: Any, **kwargs: Any) -> Any:
+        """A `ShardedVariable` with the shards of `like`: same rows, same ps tasks.
 
-        Keras 3 trains a variable through one handle, so a split one fails
-        at its first gradient ("'ShardedVariable' object has no attribute
-        'handle'"); whole, it trains. Logs what the partitioner would have
-        split.
+        TF creates a variable colocated with another whole, on one ps task;
+        for the optimizer slots of a large split variable that would put the
+        size of the whole table on one ps.
         """
-        partitioner: Any = getattr(self, "_variable_partitioner")  # TF sets it untyped.
-        if keras3_variable is None or partitioner is None:
-            yield
-            return
-        shape = tf.TensorShape(getattr(keras3_variable, "shape", None))
-        if shape.rank and shape.is_fully_defined():
-            shards = partitioner(shape, tf.as_dtype(kwargs.get("dtype") or tf.float32))
-            if shards and shards[0] > 1:
-                logging.warning(
-                    "tfdist: Keras 3 cannot train a variable split over ps tasks; "
-                    "%r of shape %s stays whole on one ps task instead of %d shards "
-                    "(variable_partitioner=%r). tf-keras (TF_USE_LEGACY_KERAS=1) "
-                    "trains split variables.",
-                    getattr(keras3_variable, "path", kwargs.get("name")),
-                    tuple(shape), shards[0], partitioner,
-                )
+        kwargs.pop("colocate_with")
+        kwargs.pop("shape", None)
+        initial_value = kwargs.pop("initial_value")
+        name = kwargs.pop("name", None) or "split"
+        var_creator = self._create_var_creator(next_creator, **kwargs)
+        shards = []
+        # Eagerly, as TF's variable creation: slots may be made while a
+        # tf.function traces its first call (a custom loop's first step).
+        with tf.init_scope():
+            value = initial_value() if callable(initial_value) else initial_value
+            value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
+            parts = tf.split(value, [int(shard.shape[0]) for shard in like.variables], axis=0)
+            for index, (shard, part) in enumerate(zip(like.variables, parts)):
+                with tf.device(shard.device):
+                    shards.append(
+                        var_creator(initial_value=part, name=f"{name}/part_{index}", **kwargs)
+                    )
+        return ShardedVariable(shards, name=name)
+
+    def update_variable(
+        self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool, *, default: Any
+    ) -> Any:
+        """Updates `var`; a split variable's update runs as is (its ops go to each shard's ps).
+
+        TF's update colocates with the variable, which a `ShardedVariable`
+        (Keras 3's optimizers pass it) refuses.
+        """
+        if isinstance(var, ShardedVariable) or keras_sharded.sharded_value(var) is not None:
+            return fn(var, *args, **kwargs)
+        return default()
+
+    @contextlib.contextmanager
+    def whole_variables(self) -> Iterator[None]:
+        """Variables created inside are not split by the `variable_partitioner`.
+
+        For the chief's thread that creates variables (variable creation in
+        a strategy's scope is not thread-safe anyway).
+        """
+        partitioner: Any = getattr(self, "_variable_partitioner")
         self._variable_partitioner = None
         try:
             yield
@@ -131,12 +159,6 @@ class ParameterServerExtended(  # type: ignore[misc]
         """Creates one variable; by default as TF does."""
         del next_creator, kwargs
         return default()
-
-    def create_on_ps(self, next_creator: Any, ps_index: int, **kwargs: Any) -> Any:
-        """Creates one unpartitioned variable on ps task `ps_index` (its CPU)."""
-        var_creator = self._create_var_creator(next_creator, **kwargs)
-        with tf.device(f"/job:ps/replica:0/task:{ps_index}/device:CPU:0"):
-            return var_creator(**kwargs)
 
     @property
     def num_ps(self) -> int:

@@ -66,7 +66,7 @@ from tfdist.cluster import ClusterConfig
 from tfdist.parameter_server import step_ledger
 from tfdist.watchdog import startup
 
-__all__ = ["Step", "StepScheduler", "staleness_window"]
+__all__ = ["Step", "StepScheduler", "lost_ps_error", "staleness_window"]
 
 #: Longest single sleep of a wait, seconds (how late an error is noticed).
 _POLL_S = 0.05
@@ -328,19 +328,9 @@ class StepScheduler:
 
     def _raise_pending(self, error: BaseException) -> None:
         """Raises a scheduled function's error, a lost ps as tfdist's error."""
-        if isinstance(error, ps_runtime.PSUnavailableError) or (
-            isinstance(error, tf.errors.UnavailableError) and _PS_TASK.search(str(error))
-        ):
-            match = _PS_TASK.search(str(error))
-            task = f"ps:{match.group(1)}" if match else None
-            raise errors.WorkerUnavailableError(
-                f"parameter server {task or '(unknown)'} is lost: a step could "
-                "not reach it. Its variables are gone, so training cannot go "
-                "on; restart the job (tfdist-launch --restarts N) and resume "
-                "from the last checkpoint (keras.callbacks.BackupAndRestore). "
-                f"TensorFlow reported: {_first_line(error)}",
-                task=task,
-            ) from error
+        lost = lost_ps_error(error)
+        if lost is not None:
+            raise lost from error
         self._wait_running_stopped()
         self._coordinator.done()  # Raises (and clears) TF's pending error.
         raise error
@@ -378,6 +368,24 @@ class StepScheduler:
                     logging.error("tfdist: WorkerUnavailableError: %s", self._lost_reason)
                     self._lost = name
                     return
+
+
+def lost_ps_error(error: BaseException | None) -> errors.WorkerUnavailableError | None:
+    """tfdist's error for TF's error of an op that could not reach a ps task; else None."""
+    if not isinstance(error, ps_runtime.PSUnavailableError) and not (
+        isinstance(error, tf.errors.UnavailableError) and _PS_TASK.search(str(error))
+    ):
+        return None
+    match = _PS_TASK.search(str(error))
+    task = f"ps:{match.group(1)}" if match else None
+    return errors.WorkerUnavailableError(
+        f"parameter server {task or '(unknown)'} is lost: an op could not "
+        "reach it. Its variables are gone, so training cannot go on; restart "
+        "the job (tfdist-launch --restarts N) and resume from the last "
+        "checkpoint (keras.callbacks.BackupAndRestore). TensorFlow reported: "
+        f"{_first_line(error)}",
+        task=task,
+    )
 
 
 def _first_line(error: BaseException) -> str:

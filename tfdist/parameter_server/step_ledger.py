@@ -29,6 +29,7 @@ reused after `SIZE` functions, far more than are ever in flight.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -88,7 +89,9 @@ class StepLedger:
 
     def _ledger(self) -> tf.Variable:
         if self._variable is None:
-            with self._strategy.scope():
+            # Whole, on one ps task, whatever the user's variable_partitioner.
+            whole = getattr(self._strategy.extended, "whole_variables", contextlib.nullcontext)
+            with self._strategy.scope(), whole():
                 self._variable = tf.Variable(
                     tf.zeros([SIZE], tf.int64), trainable=False, name="tfdist_step_ledger"
                 )

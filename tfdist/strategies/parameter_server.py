@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import keras_ps
+from tfdist._internal import keras_sharded
 from tfdist._internal import ps_runtime
 from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
@@ -130,10 +131,12 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         runs one step at a time). `None`: unbounded.
         `largest_staleness_seen` reports the bound measured.
       variable_partitioner: How variables are split over the ps tasks: a
-        TF partitioner (`tf.distribute.experimental.partitioners`), whose
-        shards tf-keras trains (Keras 3 cannot: its variables stay whole,
-        and a warning names each one the partitioner would have split), or
-        `None`: each variable whole on one ps task, round robin.
+        TF partitioner (`tf.distribute.experimental.partitioners`; split
+        variables train under Keras 3 and tf-keras, an `Embedding` table
+        looks up and, with a sparse update rule such as SGD, updates only
+        the rows of each shard a step uses; optimizer slots split like
+        their variable), or `None`: each variable whole on one ps task,
+        round robin.
       timeout_s: Bound on start-up and on one step, seconds (> 0);
         default `DEFAULT_TIMEOUT_S` (300).
 
@@ -141,9 +144,6 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
       ConfigError: For an unknown `mode`, a negative or misplaced
         `max_staleness`, a non-positive `timeout_s`, the evaluator task, or
         `cluster` and `cluster_resolver` both given.
-      ConfigError (at Keras 3's `fit`/`evaluate`/`predict`, before any
-        step): If `variable_partitioner` split one of the model's
-        variables.
       ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, has no
         chief, worker or ps job, or this task's address is in use.
       WorkerUnavailableError: If a worker or ps task does not start within
@@ -191,6 +191,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         startup.check_own_port(config)
         roles.wait_for_tasks(config, timeout)
         resolver = to_cluster_resolver(config)
+        if variable_partitioner is not None:
+            keras_sharded.install()  # Keras 3 trains split variables.
         try:
             ps_runtime.initialize_strategy(
                 self,
@@ -223,6 +225,15 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             )
         else:
             self._runner = async_runner.AsyncRunner(self, self._scheduler)
+
+    def scope(self) -> Any:
+        """TF's scope; an op in it that finds a ps task lost raises `WorkerUnavailableError` naming it.
+
+        Keras runs `fit`/`evaluate`/`predict` in this scope, and reads some of
+        its own variables (on the ps tasks) between steps, outside tfdist's
+        scheduler: TF's bare `UnavailableError` becomes tfdist's error.
+        """
+        return _NamingLostPs(super().scope())
 
     @property
     def cluster_config(self) -> ClusterConfig:
@@ -335,6 +346,23 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
     def _make_counters_exact(self, variables: Sequence[Any]) -> None:
         keras_ps.make_counters_exact(variables)
+
+
+class _NamingLostPs:
+    """A strategy scope whose exit turns TF's error for a lost ps into tfdist's."""
+
+    def __init__(self, scope: Any) -> None:
+        self._scope = scope
+
+    def __enter__(self) -> Any:
+        return self._scope.__enter__()
+
+    def __exit__(self, kind: Any, value: BaseException | None, traceback: Any) -> Any:
+        suppressed = self._scope.__exit__(kind, value, traceback)
+        lost = None if suppressed else scheduler_lib.lost_ps_error(value)
+        if lost is not None:
+            raise lost from value
+        return suppressed
 
 
 def _coordinator_as_chief(cluster: Any) -> Any:
