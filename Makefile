@@ -73,6 +73,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/multiworker.py --workload=compute_bound --keras=keras3
 	$(PY) benchmarks/cross_worker_latency.py
 	$(PY) benchmarks/ps.py
+	$(PY) benchmarks/embedding.py
 
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs
 # `bazel --batch test //...` (no server left behind) with the venv's Python, and
