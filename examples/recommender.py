@@ -2,7 +2,8 @@
 
 A single-device Keras script plus the lines marked `# tfdist:`. The user
 embedding table has --num_users rows (default 1,000,000: 64 MB of float32
-at --dim=16), split over the ps tasks by a partitioner; each step looks up
+at --dim=16), split over the ps tasks by tfdist's default partitioner
+(variables of more than 1 MiB, by rows); each step looks up
 only the rows of its batch on the ps tasks that own them, and SGD writes
 only those rows back (sparse updates).
 
@@ -143,12 +144,9 @@ def make_strategy(config: TrainConfig):
               "and 2 ps. For separate processes run:\n  python -m tfdist.launch "
               "--chief --workers 2 --ps 2 -- python -u examples/recommender.py", flush=True)
         cluster = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
-    num_ps = len((cluster or tfdist.cluster.parse_tf_config()).cluster.addresses("ps"))
-    # tfdist: variables of 1 MiB or more split over the ps tasks, by rows.
-    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-        min_shard_bytes=1 << 20, max_shards=num_ps)
-    # tfdist: on worker and ps tasks this serves and never returns.
-    return tfdist.ParameterServerStrategy(cluster, variable_partitioner=partitioner)
+    # tfdist: on worker and ps tasks this serves and never returns. Variables
+    # of more than 1 MiB (the user table) are split over the ps tasks by rows.
+    return tfdist.ParameterServerStrategy(cluster)
 
 
 def describe_shards(variable) -> list[str]:

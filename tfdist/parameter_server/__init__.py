@@ -10,6 +10,10 @@ Modules, one job each:
 - `sync_runner`: synchronous steps (each batch split over the workers,
   gradients summed, applied once).
 - `keras_loop`: Keras's `fit`/`evaluate`/`predict` on the cluster.
+- `step_ledger`: which scheduled steps finished, so that a failed worker's
+  finished step is not run again.
+- `partitioning`: how variables are split over the ps tasks (by bytes by
+  default).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from tfdist.cluster import to_cluster_resolver
 from tfdist.launch import local_cluster
 from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import keras_loop
+from tfdist.parameter_server import partitioning
 from tfdist.parameter_server import roles
 from tfdist.parameter_server import scheduler as scheduler_lib
 from tfdist.parameter_server import sync_runner
@@ -130,13 +131,16 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         floor(k / (2 * steps_per_execution)) + 1 functions in flight; 0
         runs one step at a time). `None`: unbounded.
         `largest_staleness_seen` reports the bound measured.
-      variable_partitioner: How variables are split over the ps tasks: a
-        TF partitioner (`tf.distribute.experimental.partitioners`; split
-        variables train under Keras 3 and tf-keras, an `Embedding` table
-        looks up and, with a sparse update rule such as SGD, updates only
+      variable_partitioner: How variables are split over the ps tasks.
+        None (default): tfdist's, by bytes: a variable of more than 1 MiB
+        is split by rows into up to one shard per ps task, about 1 MiB
+        each or more (`parameter_server/partitioning.py`); smaller ones
+        stay whole, round robin. "whole": no variable is split (TF's default). Or a TF
+        partitioner (`tf.distribute.experimental.partitioners`). Split
+        variables train under Keras 3 and tf-keras: an `Embedding` table
+        looks up, and with a sparse update rule such as SGD updates, only
         the rows of each shard a step uses; optimizer slots split like
-        their variable), or `None`: each variable whole on one ps task,
-        round robin.
+        their variable.
       timeout_s: Bound on start-up and on one step, seconds (> 0);
         default `DEFAULT_TIMEOUT_S` (300).
 
@@ -174,13 +178,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         timeout = validation.check_positive_number(
             "timeout_s", DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         )
-        if variable_partitioner is not None and not callable(variable_partitioner):
-            raise TypeError(
-                "variable_partitioner must be a partitioner (a callable such as "
-                "tf.distribute.experimental.partitioners.MinSizePartitioner(...)) "
-                f"or None; received variable_partitioner={variable_partitioner!r} "
-                f"of type {type(variable_partitioner).__name__}."
-            )
+        partitioning.resolve(variable_partitioner, num_ps=1)  # Checked before anything starts.
         config = resolver_lib.resolve_cluster(
             _coordinator_as_chief(cluster), _coordinator_as_chief(cluster_resolver)
         )
@@ -191,6 +189,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         startup.check_own_port(config)
         roles.wait_for_tasks(config, timeout)
         resolver = to_cluster_resolver(config)
+        variable_partitioner = partitioning.resolve(
+            variable_partitioner, len(config.cluster.addresses("ps"))
+        )
         if variable_partitioner is not None:
             keras_sharded.install()  # Keras 3 trains split variables.
         try:
