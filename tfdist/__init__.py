@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist import data
     from tfdist import errors
     from tfdist import launch
+    from tfdist import layers
     from tfdist import placement
     from tfdist import testing
     from tfdist.collectives import AllReduce
@@ -69,6 +70,7 @@ __all__ = [
     "data",
     "errors",
     "launch",
+    "layers",
     "local_devices",
     "placement",
     "simulate_cpu_devices",
@@ -81,7 +83,7 @@ __version__ = "0.1.0"
 # Nothing is imported until first used (PEP 562), so `import tfdist.cluster`
 # or `python -m tfdist.launch` does not wait seconds for TensorFlow.
 _SUBPACKAGES = frozenset(
-    {"cluster", "collectives", "data", "errors", "launch", "placement", "testing"}
+    {"cluster", "collectives", "data", "errors", "launch", "layers", "placement", "testing"}
 )
 _ATTRIBUTE_MODULES = {
     "AllReduce": "tfdist.collectives",

@@ -132,6 +132,19 @@ def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
     record["iterations"] = int(model.optimizer.iterations.numpy())
     record["evaluate"] = model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0)
     record["checkpoint"] = tf.train.Checkpoint(model=model).write(checkpoint_prefix)
+    # A table sharded by consistent hashing instead: one shard per ps.
+    with strategy.scope():
+        hashed = tfdist.layers.ConsistentHashEmbedding(VOCABULARY, EMBEDDING_DIM)
+        hashed_model = keras.Sequential(
+            [keras.Input((TOKENS,), dtype="int32"), hashed, keras.layers.Flatten(),
+             keras.layers.Dense(2)]
+        )
+        hashed_model.compile(
+            optimizer=keras.optimizers.SGD(0.5),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    record["hashed_loss"] = hashed_model.fit(dataset, epochs=EPOCHS, verbose=0).history["loss"]
+    record["hashed_placement"] = [_placement(shard)[0] for shard in hashed.shards]
     return record
 
 
@@ -198,6 +211,11 @@ class ShardedVariablesTest(tf.test.TestCase):
         loss = self.trained["loss"]
         self.assertLess(loss[-1], loss[0])
         self.assertEqual(self.trained["iterations"], EPOCHS * NUM_EXAMPLES // BATCH_SIZE)
+
+    def test_consistent_hash_table_has_one_shard_per_ps_and_trains(self):
+        self.assertEqual(self.trained["hashed_placement"], _ps(0, 1))
+        loss = self.trained["hashed_loss"]
+        self.assertLess(loss[-1], loss[0])
 
     def test_checkpoint_of_two_ps_restores_into_three(self):
         restored = self.restored

@@ -42,6 +42,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist._internal import attributes
+
 __all__ = [
     "GradientIntercept",
     "KerasStep",
@@ -206,12 +208,8 @@ def loss_factor(factor: Any) -> Iterator[None]:
     Thread-local: each replica's step (a thread of its own while
     MirroredStrategy traces) sets its own factor.
     """
-    previous = getattr(_replica_loss_factor, "value", None)
-    _replica_loss_factor.value = factor
-    try:
+    with attributes.swapped(_replica_loss_factor, "value", factor):
         yield
-    finally:
-        _replica_loss_factor.value = previous
 
 
 def _scaled(loss: Any) -> Any:

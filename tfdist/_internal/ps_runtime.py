@@ -47,6 +47,7 @@ from tensorflow.python.distribute.coordinator import (
     coordinator_context as _coordinator_context,
 )
 
+from tfdist._internal import attributes
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
 from tfdist._internal import update_hook
@@ -85,7 +86,12 @@ class ParameterServerExtended(  # type: ignore[misc]
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
         keras3_variable = keras_ps.creating_keras3_variable()
         colocate_with = kwargs.get("colocate_with")
-        if isinstance(colocate_with, ShardedVariable):
+        pinned = getattr(self, "_pinned_ps", None)
+        if pinned is not None and colocate_with is None:
+            # Whole, on the ps task asked for (`pinned_to_ps`).
+            with tf.device(f"/job:ps/replica:0/task:{pinned}/device:CPU:0"):
+                variable = self._create_var_creator(next_creator, **kwargs)(**kwargs)
+        elif isinstance(colocate_with, ShardedVariable):
             # A slot of a split variable (Keras 3's optimizers colocate them).
             variable = self._create_split_like(next_creator, colocate_with, **kwargs)
         else:
@@ -142,18 +148,26 @@ class ParameterServerExtended(  # type: ignore[misc]
         return default()
 
     @contextlib.contextmanager
+    def pinned_to_ps(self, index: int) -> Iterator[None]:
+        """Variables created inside go whole on ps task `index` (a layer's own shards).
+
+        Optimizer slots made later, colocated with such a variable, follow
+        it. For the chief's thread that creates variables.
+        """
+        if not 0 <= index < self.num_ps:
+            raise ValueError(f"ps task {index} does not exist ({self.num_ps} ps tasks)")
+        with attributes.swapped(self, "_pinned_ps", index):
+            yield
+
+    @contextlib.contextmanager
     def whole_variables(self) -> Iterator[None]:
         """Variables created inside are not split by the `variable_partitioner`.
 
         For the chief's thread that creates variables (variable creation in
         a strategy's scope is not thread-safe anyway).
         """
-        partitioner: Any = getattr(self, "_variable_partitioner")
-        self._variable_partitioner = None
-        try:
+        with attributes.swapped(self, "_variable_partitioner", None):
             yield
-        finally:
-            self._variable_partitioner = partitioner
 
     def create_variable(self, next_creator: Any, default: Callable[..., Any], **kwargs: Any) -> Any:
         """Creates one variable; by default as TF does."""

@@ -74,6 +74,7 @@ LAYERS: dict[str, int] = {
     "collectives": 3,
     "data": 3,
     "watchdog": 3,  # Bounded waits of multi-task jobs: cluster + _internal.
+    "layers": 3,  # Keras layers for ps tables: errors + TF/Keras.
     "input": 4,  # Distributed input: data + _internal (+ cluster).
     "parameter_server": 4,  # PS training machinery: cluster, watchdog, _internal.
     "strategies": 5,
@@ -96,6 +97,7 @@ NO_TENSORFLOW = (
     "tfdist/cluster/tf_config.py",
     "tfdist/placement/",
     "tfdist/errors.py",  # ARCHITECTURE.md: the errors layer imports no TensorFlow.
+    "tfdist/layers/hash_ring.py",  # Pure NumPy.
     "tfdist/launch/",  # `tfdist-launch --help` must not wait for TensorFlow.
 )
 
