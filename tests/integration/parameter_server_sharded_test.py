@@ -132,13 +132,22 @@ def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
     record["iterations"] = int(model.optimizer.iterations.numpy())
     record["evaluate"] = model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0)
     record["checkpoint"] = tf.train.Checkpoint(model=model).write(checkpoint_prefix)
-    # A table sharded by consistent hashing instead: one shard per ps.
+    # A table sharded by consistent hashing instead: one shard per ps. A
+    # subclassed model: Keras 3 builds it symbolically inside fit and creates
+    # its variables late, outside the layer's build.
+    class Hashed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.table = tfdist.layers.ConsistentHashEmbedding(VOCABULARY, EMBEDDING_DIM)
+            self.flatten = keras.layers.Flatten()
+            self.logits = keras.layers.Dense(2)
+
+        def call(self, inputs):
+            return self.logits(self.flatten(self.table(inputs)))
+
     with strategy.scope():
-        hashed = tfdist.layers.ConsistentHashEmbedding(VOCABULARY, EMBEDDING_DIM)
-        hashed_model = keras.Sequential(
-            [keras.Input((TOKENS,), dtype="int32"), hashed, keras.layers.Flatten(),
-             keras.layers.Dense(2)]
-        )
+        hashed_model = Hashed()
+        hashed = hashed_model.table
         hashed_model.compile(
             optimizer=keras.optimizers.SGD(0.5),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

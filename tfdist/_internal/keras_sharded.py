@@ -149,6 +149,8 @@ def _take_with_shards(original: Any) -> Any:
             indices = tf.convert_to_tensor(indices)
             if indices.dtype not in (tf.int32, tf.int64):
                 indices = tf.cast(indices, tf.int64)
+            # Negative ids count from the end, as Keras's `take` does.
+            indices = tf.where(indices < 0, indices + int(sharded.shape[0]), indices)
             return tf.nn.embedding_lookup(sharded, indices)
         return original(x, indices, axis=axis)
 
@@ -195,7 +197,7 @@ _KERAS3_TF_NUMPY = "keras.src.backend.tensorflow.numpy"
 
 def _legacy_keras() -> bool:
     """Whether `tf.keras` is tf-keras (TF's own rule: TF_USE_LEGACY_KERAS)."""
-    return os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes")
+    return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
 
 
 def install() -> None:

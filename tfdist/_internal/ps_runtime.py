@@ -47,6 +47,7 @@ from tensorflow.python.distribute.coordinator import (
     coordinator_context as _coordinator_context,
 )
 
+from tfdist import errors
 from tfdist._internal import attributes
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
@@ -86,12 +87,14 @@ class ParameterServerExtended(  # type: ignore[misc]
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
         keras3_variable = keras_ps.creating_keras3_variable()
         colocate_with = kwargs.get("colocate_with")
-        pinned = getattr(self, "_pinned_ps", None)
+        pinned = getattr(keras3_variable, "_tfdist_pinned_ps", None)
+        if pinned is None:
+            pinned = getattr(self, "_pinned_ps", None)
         if pinned is not None and colocate_with is None:
             # Whole, on the ps task asked for (`pinned_to_ps`).
             with tf.device(f"/job:ps/replica:0/task:{pinned}/device:CPU:0"):
                 variable = self._create_var_creator(next_creator, **kwargs)(**kwargs)
-        elif isinstance(colocate_with, ShardedVariable):
+        elif isinstance(colocate_with, ShardedVariable) and _splits_like(kwargs, colocate_with):
             # A slot of a split variable (Keras 3's optimizers colocate them).
             variable = self._create_split_like(next_creator, colocate_with, **kwargs)
         else:
@@ -144,20 +147,29 @@ class ParameterServerExtended(  # type: ignore[misc]
         (Keras 3's optimizers pass it) refuses.
         """
         if isinstance(var, ShardedVariable) or keras_sharded.sharded_value(var) is not None:
-            return fn(var, *args, **kwargs)
+            return fn(var, *self._select_single_value(args), **self._select_single_value(kwargs))
         return default()
 
     @contextlib.contextmanager
     def pinned_to_ps(self, index: int) -> Iterator[None]:
         """Variables created inside go whole on ps task `index` (a layer's own shards).
 
-        Optimizer slots made later, colocated with such a variable, follow
-        it. For the chief's thread that creates variables.
+        A Keras 3 variable whose creation Keras defers past this block is
+        pinned by its `_tfdist_pinned_ps` attribute instead. Optimizer slots
+        made later, colocated with such a variable, follow it. For the
+        chief's thread that creates variables.
         """
         if not 0 <= index < self.num_ps:
-            raise ValueError(f"ps task {index} does not exist ({self.num_ps} ps tasks)")
+            raise errors.ConfigError(
+                f"ps task {index} does not exist: the cluster has {self.num_ps} ps "
+                f"task(s); received index={index!r}. Pass an index in [0, {self.num_ps})."
+            )
         with attributes.swapped(self, "_pinned_ps", index):
             yield
+
+    def pin_variable(self, variable: Any, index: int) -> None:
+        """Pins a Keras 3 variable not created yet (Keras defers it) to ps task `index`."""
+        variable._tfdist_pinned_ps = index
 
     @contextlib.contextmanager
     def whole_variables(self) -> Iterator[None]:
@@ -178,6 +190,23 @@ class ParameterServerExtended(  # type: ignore[misc]
     def num_ps(self) -> int:
         """The ps tasks variables are placed on."""
         return int(self._num_ps)
+
+
+def _splits_like(kwargs: dict[str, Any], like: Any) -> bool:
+    """Whether a variable colocated with split `like` can take its shards (same rows).
+
+    Keras's slots can; one of another shape, or with no initial value (a
+    SavedModel being loaded), is left to TF (whole, on one ps task).
+    """
+    if kwargs.get("initial_value") is None:
+        return False
+    shape = kwargs.get("shape")
+    if shape is None and isinstance(kwargs["initial_value"], tf.Tensor):
+        shape = kwargs["initial_value"].shape
+    if shape is None:
+        return True  # A callable (Keras's initializer) of the reference's shape.
+    shape = tf.TensorShape(shape)
+    return bool(shape.rank) and shape[0] == like.shape[0]
 
 
 def initialize_strategy(

@@ -1,10 +1,12 @@
 """`ConsistentHashEmbedding`: an Embedding whose rows are spread over shards by consistent hashing.
 
 TF's partitioners split a table into row ranges, one per ps task: going
-from 2 ps tasks to 3 moves about half of all rows to another task. Here a
+from 2 ps tasks to 3 changes the owner of about half of all rows. Here a
 row belongs to the shard that `hash_ring.HashRing` assigns it, so with one
-more shard only the rows the new shard takes over move (about 1/3 from 2
-to 3), which is what a table whose row space grows with the cluster needs.
+more shard only the rows the new shard takes over change owner (about 1/3
+from 2 to 3), which is what a table whose row space grows with the cluster
+needs. (Loading a saved table rewrites every shard; the ring bounds which
+rows a resharding has to move, for a mover that moves only those.)
 
     with strategy.scope():                  # tfdist.ParameterServerStrategy
         vectors = tfdist.layers.ConsistentHashEmbedding(1_000_000, 16)(user_ids)
@@ -28,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import validation
 from tfdist.layers import hash_ring
 
 __all__ = ["ConsistentHashEmbedding"]
@@ -56,7 +59,8 @@ class ConsistentHashEmbedding(_Layer):
       **kwargs: Passed to `keras.layers.Layer`.
 
     Raises:
-      ConfigError: If a size is not a positive int.
+      TypeError: If a size is not an int.
+      ConfigError: If a size is < 1.
     """
 
     def __init__(
@@ -69,17 +73,11 @@ class ConsistentHashEmbedding(_Layer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        for name, value in (
-            ("input_dim", input_dim),
-            ("output_dim", output_dim),
-            ("num_shards", 1 if num_shards is None else num_shards),
-            ("virtual_nodes", virtual_nodes),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise errors.ConfigError(
-                    f"{name} must be a positive int; received {name}={value!r}. "
-                    f"Pass {name}=1 or more."
-                )
+        validation.check_positive_int("input_dim", input_dim)
+        validation.check_positive_int("output_dim", output_dim)
+        if num_shards is not None:
+            validation.check_positive_int("num_shards", num_shards)
+        validation.check_positive_int("virtual_nodes", virtual_nodes)
         self.input_dim = input_dim
         self.output_dim = output_dim
         self.num_shards = num_shards
@@ -91,28 +89,33 @@ class ConsistentHashEmbedding(_Layer):
         num_ps = int(getattr(extended, "num_ps", 0))
         shards = self.num_shards or max(1, num_ps)
         owners, local = hash_ring.HashRing(shards, self.virtual_nodes).assign(self.input_dim)
-        self._owners = owners
-        self._owner_of_row = tf.constant(owners, tf.int32)
-        self._index_in_shard = tf.constant(local.astype(np.int32), tf.int32)
+        # NumPy here; tensors only in `call` (Keras 3 may build in a throwaway graph).
+        self._owners = owners.astype(np.int32)
+        self._local = local.astype(np.int32)
         pin = getattr(extended, "pinned_to_ps", None)
         self.shards = []
         for shard in range(shards):
-            where = pin(shard % num_ps) if pin is not None and num_ps else contextlib.nullcontext()
-            with where:
-                self.shards.append(
-                    self.add_weight(
-                        name=f"shard_{shard}",
-                        shape=(int(np.count_nonzero(owners == shard)), self.output_dim),
-                        initializer=self.embeddings_initializer,
-                    )
+            ps = shard % num_ps if pin is not None and num_ps else None
+            with contextlib.nullcontext() if pin is None or ps is None else pin(ps):
+                variable = self.add_weight(
+                    name=f"shard_{shard}",
+                    shape=(int(np.count_nonzero(owners == shard)), self.output_dim),
+                    initializer=self.embeddings_initializer,
                 )
+            if ps is not None:
+                # Keras 3 may create the tf.Variable later, outside `pin`
+                # (a model built symbolically): the strategy reads this then.
+                extended.pin_variable(variable, ps)
+            self.shards.append(variable)
         super().build(input_shape)
 
     def call(self, inputs: Any) -> Any:
         ids = tf.cast(inputs, tf.int32)
         flat = tf.reshape(ids, [-1])
-        owner = tf.gather(self._owner_of_row, flat)
-        rows = tf.dynamic_partition(tf.gather(self._index_in_shard, flat), owner, len(self.shards))
+        # Constants of the traced function: sent to a worker once, with it.
+        owner = tf.gather(tf.constant(self._owners), flat)
+        index_in_shard = tf.gather(tf.constant(self._local), flat)
+        rows = tf.dynamic_partition(index_in_shard, owner, len(self.shards))
         positions = tf.dynamic_partition(tf.range(tf.size(flat)), owner, len(self.shards))
         vectors = [
             tf.gather(_tf_variable(shard), shard_rows)

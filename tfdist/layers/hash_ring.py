@@ -17,6 +17,8 @@ import dataclasses
 
 import numpy as np
 
+from tfdist._internal import validation
+
 __all__ = ["DEFAULT_VIRTUAL_NODES", "HashRing"]
 
 #: Points per shard: more even shard sizes for more (host-side) work.
@@ -45,6 +47,10 @@ class HashRing:
 
     num_shards: int
     virtual_nodes: int = DEFAULT_VIRTUAL_NODES
+
+    def __post_init__(self) -> None:
+        validation.check_positive_int("num_shards", self.num_shards)
+        validation.check_positive_int("virtual_nodes", self.virtual_nodes)
 
     def owners(self, rows: np.ndarray) -> np.ndarray:
         """The shard owning each row id (int32, same shape as `rows`)."""

@@ -140,6 +140,13 @@ class StepScheduler:
         max_staleness: int | None = None,
     ) -> None:
         assert config.cluster is not None
+        if max_in_flight >= step_ledger.SIZE:
+            raise errors.ConfigError(
+                f"{max_in_flight} steps in flight would reuse step-ledger slots "
+                f"still in use (the ledger has {step_ledger.SIZE}); received "
+                f"max_in_flight={max_in_flight}. Use fewer workers per chief, or "
+                "raise step_ledger.SIZE."
+            )
         self._coordinator = coordinator
         self._config = config
         self._timeout_s = timeout_s

@@ -20,11 +20,15 @@ worker, on a ps task:
         if ledger[t % SIZE] == t: skip it       # it had finished
 
 Guarantee: a function that finished on a worker that then failed is not
-run again; one cut short by its worker's death runs again, and the updates
-it had already sent to the ps before that death are applied a second time
-(async training has no transaction over several ps variables). Tickets are
-unique per strategy (the scheduler's function count, from 1); a slot is
-reused after `SIZE` functions, far more than are ever in flight.
+run again. Limits: one cut short by its worker's death runs again, and the
+updates it had already sent to the ps before that death are applied a
+second time (async training has no transaction over several ps variables;
+in sync mode such a slice's gradient is counted twice in its step). The
+check reads the ledger, then runs: if TF re-queues a function while its
+first attempt still runs (a call to a live worker failed), both may apply.
+Tickets are unique per strategy (the scheduler's function count, from 1);
+a slot is reused after `SIZE` functions, and the scheduler keeps fewer
+than `SIZE` in flight.
 """
 
 from __future__ import annotations

@@ -75,17 +75,12 @@ class _SyncTrainFunction:
         self._model = model
         self._keras3 = keras3
         strategy = runner.strategy
-        self._variables = list(model.trainable_variables)
-        with strategy.scope():
-            self._accumulators = [
-                tf.Variable(
-                    tf.zeros(variable.shape, variable.dtype),
-                    trainable=False,
-                    name="tfdist_sync_gradient",
-                )
-                for variable in self._variables
-            ]
-        by_id = {id(v): a for v, a in zip(self._variables, self._accumulators)}
+        # Made before the first trace (`_create_accumulators`): a tf-keras
+        # model may have no variables until its first call.
+        self._variables: list[Any] = []
+        self._accumulators: list[Any] = []
+        by_id: dict[int, Any] = {}
+        self._by_id = by_id
 
         def accumulate(grads_and_vars: Any, *args: Any, **kwargs: Any) -> None:
             del args, kwargs
@@ -130,7 +125,31 @@ class _SyncTrainFunction:
         self._apply = runner.ledger.function(apply_once, autograph=not keras3)
         self._apply_concrete: Any = None
 
+    def _create_accumulators(self, batch_spec: Any) -> None:
+        """One accumulator per trainable variable (split like it); builds an unbuilt model first."""
+        model = self._model
+        if not model.built:  # A subclassed tf-keras model: one row of zeros builds it.
+            x_spec = tf.keras.utils.unpack_x_y_sample_weight(batch_spec)[0]
+            zeros = tf.nest.map_structure(
+                lambda spec: tf.zeros([1, *spec.shape[1:]], spec.dtype), x_spec
+            )
+            with self._runner.strategy.scope():
+                model(zeros)
+        self._variables = list(model.trainable_variables)
+        with self._runner.strategy.scope():
+            self._accumulators = [
+                tf.Variable(
+                    tf.zeros(variable.shape, variable.dtype),
+                    trainable=False,
+                    name="tfdist_sync_gradient",
+                )
+                for variable in self._variables
+            ]
+        self._by_id.update((id(v), a) for v, a in zip(self._variables, self._accumulators))
+
     def get_concrete_function(self, specs: tuple[Any, ...]) -> _SyncSteps:
+        if not self._variables:
+            self._create_accumulators(specs[0])
         if self._apply_concrete is None:
             self._apply_concrete = self._apply.get_concrete_function(
                 tf.TensorSpec([], tf.float32)

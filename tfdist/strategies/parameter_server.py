@@ -133,9 +133,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         `largest_staleness_seen` reports the bound measured.
       variable_partitioner: How variables are split over the ps tasks.
         None (default): tfdist's, by bytes: a variable of more than 1 MiB
-        is split by rows into up to one shard per ps task, about 1 MiB
-        each or more (`parameter_server/partitioning.py`); smaller ones
-        stay whole, round robin. "whole": no variable is split (TF's default). Or a TF
+        is split by rows into min(num_ps, ceil(bytes / 1 MiB)) shards of
+        equal rows (`parameter_server/partitioning.py`); smaller ones stay
+        whole, round robin. "whole": no variable is split (TF's default). Or a TF
         partitioner (`tf.distribute.experimental.partitioners`). Split
         variables train under Keras 3 and tf-keras: an `Embedding` table
         looks up, and with a sparse update rule such as SGD updates, only
@@ -278,8 +278,17 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         return self._scheduler.largest_staleness_seen
 
     @property
+    def steps_rerun_skipped(self) -> int:
+        """Re-queued steps not run again because the step ledger showed them finished."""
+        return self._scheduler.reruns_skipped
+
+    @property
     def steps_rerun(self) -> int:
-        """How many steps ran again after their worker failed (since construction)."""
+        """Times a step was queued again after its worker failed (since construction).
+
+        Includes the re-runs skipped because the step had finished
+        (`steps_rerun_skipped`).
+        """
         return self._scheduler.reruns
 
     def experimental_distribute_dataset(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from absl.testing import absltest
 
+from tfdist import errors
 from tfdist.layers import hash_ring
 
 ROWS = 200_000
@@ -37,6 +38,10 @@ class HashRingTest(absltest.TestCase):
             np.testing.assert_array_equal(
                 local[owners == shard], np.arange(np.count_nonzero(owners == shard))
             )
+
+    def test_no_shards_raises_config_error_naming_it(self):
+        with self.assertRaisesRegex(errors.ConfigError, "num_shards=0"):
+            hash_ring.HashRing(0)
 
 
 if __name__ == "__main__":
