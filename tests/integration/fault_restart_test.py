@@ -1,0 +1,104 @@
+"""No hangs at a job's edges: a restart resumes from its backup; a missing or duplicate worker is named.
+
+Split from fault_test.py (same helpers, imported from there) so that
+pytest-xdist, which keeps a file's tests in one process, runs the two
+halves side by side. Real processes on 127.0.0.1, each bounded by a hard
+kill; timings asserted are the product's contract, not performance.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+from absl.testing import parameterized
+
+import tfdist
+from tests.integration import fault_script
+from tests.integration.fault_test import FLOAT32_ATOL
+from tests.integration.fault_test import FLOAT32_RTOL
+from tests.integration.fault_test import JOB_LIMIT_S
+from tests.integration.fault_test import MARGIN_S
+from tests.integration.fault_test import SCRIPT
+from tests.integration.fault_test import _env
+from tests.integration.fault_test import _epochs_begun
+from tests.integration.fault_test import _launch
+from tests.integration.fault_test import _tf_config
+from tests.integration.fault_test import _weights
+from tfdist import errors
+from tfdist import launch
+
+pytestmark = [pytest.mark.multiprocess]
+
+
+class RestartTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(
+        dict(testcase_name="keras3", tf_keras=False),
+        dict(testcase_name="tf_keras", tf_keras=True),
+    )
+    def test_restart_with_backup_and_restore_equals_uninterrupted_run(self, tf_keras):
+        out_dir = self.create_tempdir().full_path
+        result = _launch(out_dir, "--restarts", "1", mode="restart", tf_keras=tf_keras)
+        self.assertEqual(result.returncode, 0, result.stderr[-5000:])
+        self.assertTrue(os.path.exists(os.path.join(out_dir, "killed_at")))
+        # Both workers were relaunched at the epoch of the kill, not at 0.
+        self.assertCountEqual(
+            _epochs_begun(out_dir),
+            [[0, fault_script.KILL_EPOCH]] * 2 + [[fault_script.KILL_EPOCH, 2]] * 2,
+        )
+        reference_dir = self.create_tempdir().full_path
+        subprocess.run(
+            [sys.executable, SCRIPT, "reference", reference_dir],
+            env=_env(tf_keras=tf_keras), check=True, capture_output=True, timeout=JOB_LIMIT_S,
+        )
+        restarted = _weights(os.path.join(out_dir, "weights.npz"))
+        uninterrupted = _weights(os.path.join(reference_dir, "weights.npz"))
+        for a, b in zip(restarted, uninterrupted):
+            self.assertAllClose(a, b, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+
+
+class StartUpTest(tf.test.TestCase):
+    def test_worker_never_started_raises_naming_it_within_timeout(self):
+        addresses = list(launch.make_local_cluster(launch.JobShape(2)).addresses("worker"))
+        code = (
+            "import time, tfdist\n"
+            "strategy_class = tfdist.MultiWorkerMirroredStrategy  # Imports TF.\n"
+            "start = time.time()\n"
+            "try:\n"
+            "    strategy_class(timeout_s=8)\n"
+            "except tfdist.errors.WorkerUnavailableError as e:\n"
+            "    print('RESULT', e.task, round(time.time() - start, 1))\n"
+            "    print('MESSAGE', e)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=_env(_tf_config(addresses, 0)),
+            capture_output=True, text=True, timeout=JOB_LIMIT_S,
+        )
+        lines = dict(
+            line.split(" ", 1) for line in result.stdout.splitlines()
+            if line.startswith(("RESULT", "MESSAGE"))
+        )
+        self.assertIn("RESULT", lines, result.stderr[-3000:])
+        task, elapsed = lines["RESULT"].split()
+        self.assertEqual(task, "worker:1")
+        self.assertLess(float(elapsed), 8 + MARGIN_S)
+        self.assertIn("did not accept connections", lines["MESSAGE"])
+
+    def test_second_process_with_the_same_task_index_is_refused(self):
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            port = holder.getsockname()[1]
+            config = _tf_config([f"127.0.0.1:{port}", "127.0.0.1:1"], 0)
+            with self.assertRaisesRegex(
+                errors.ClusterConfigError, rf"worker:0's address 127.0.0.1:{port} is already in use"
+            ):
+                tfdist.MultiWorkerMirroredStrategy(config)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
