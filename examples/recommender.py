@@ -40,29 +40,29 @@ from tensorflow import keras  # Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1.
 
 import tfdist
 
-_STRATEGY = flags.DEFINE_enum(
+flags.DEFINE_enum(
     "strategy", "parameter_server", ["parameter_server", "single"],
     "parameter_server: tfdist.ParameterServerStrategy (asynchronous) over the "
     "TF_CONFIG cluster (chief, workers, ps), or without TF_CONFIG an "
     "in-process cluster of 2 workers and 2 ps; single: one device.")
-_NUM_USERS = flags.DEFINE_integer(
+flags.DEFINE_integer(
     "num_users", 1_000_000, "Rows of the user embedding table.", lower_bound=1)
-_NUM_ITEMS = flags.DEFINE_integer("num_items", 1000, "Rows of the item table.", lower_bound=1)
-_DIM = flags.DEFINE_integer("dim", 16, "Embedding width.", lower_bound=1)
-_ACTIVE_USERS = flags.DEFINE_integer(
+flags.DEFINE_integer("num_items", 1000, "Rows of the item table.", lower_bound=1)
+flags.DEFINE_integer("dim", 16, "Embedding width.", lower_bound=1)
+flags.DEFINE_integer(
     "active_users", 5000, "Synthetic data: users that interact.", lower_bound=1)
-_INTERACTIONS = flags.DEFINE_integer(
+flags.DEFINE_integer(
     "interactions", 400_000, "Synthetic data: interactions drawn.", lower_bound=10)
-_LATENT_DIM = flags.DEFINE_integer(
+flags.DEFINE_integer(
     "latent_dim", 4, "Synthetic data: width k of the true latent vectors.", lower_bound=1)
-_INTERACTIONS_FILE = flags.DEFINE_string(
+flags.DEFINE_string(
     "interactions_file", None, "A CSV of `user,item,label` rows instead of synthetic data.")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
-_EPOCHS = flags.DEFINE_integer("epochs", 3, "Training epochs.", lower_bound=1)
-_STEPS = flags.DEFINE_integer(
+flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
+flags.DEFINE_integer("epochs", 3, "Training epochs.", lower_bound=1)
+flags.DEFINE_integer(
     "steps", None, "If set, stop each epoch after this many steps (smoke runs).",
     lower_bound=1)
-_LEARNING_RATE = flags.DEFINE_float(
+flags.DEFINE_float(
     "learning_rate", 30.0,
     "SGD learning rate (sparse row updates; high, as each row is in few batches "
     "and the loss is a batch mean).", lower_bound=0.0)
