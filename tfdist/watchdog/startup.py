@@ -86,6 +86,9 @@ def check_own_port(config: ClusterConfig) -> None:
     address = spec_lib.Address.parse(config.cluster.address(config.task))
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As TF's gRPC server binds: connections of a killed predecessor
+        # left in TIME_WAIT do not hold the port; a listening socket does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((address.host, address.port))
         except OSError as e:
