@@ -14,7 +14,10 @@ data. Configurations:
 - TF's `tf.distribute.ParameterServerStrategy`, tf-keras (its own
   ClusterCoordinator path: `repeat()` + `steps_per_epoch`);
 - tfdist sync, Keras 3 (each batch split over the 2 workers, applied once:
-  2 slices + 1 apply per step, so at most about a third of async's rate).
+  2 slices + 1 apply per step, so at most about a third of async's rate);
+- tfdist async with `exactly_once=False` (Keras 3 and tf-keras): what
+  exactly-once updates of a step cut short cost
+  (`tfdist.parameter_server.update_gate`).
 
 Steps/s is measured over the second epoch (the first includes tracing).
 Configurations alternate per round; medians are reported. Keras 3 cannot
@@ -43,6 +46,8 @@ CONFIGURATIONS = {
     "tfdist async, tf-keras": ("tfdist", "async", "1"),
     "TF ParameterServerStrategy, tf-keras": ("tf", "async", "1"),
     "tfdist sync, Keras 3": ("tfdist", "sync", "0"),
+    "tfdist async, Keras 3, exactly_once=False": ("tfdist-ungated", "async", "0"),
+    "tfdist async, tf-keras, exactly_once=False": ("tfdist-ungated", "async", "1"),
 }
 
 
@@ -55,8 +60,10 @@ def measure(strategy_name: str, mode: str, steps: int) -> float:
 
     keras = tf.keras
     config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
-    if strategy_name == "tfdist":
-        strategy = tfdist.ParameterServerStrategy(config, mode=mode, timeout_s=120)
+    if strategy_name.startswith("tfdist"):
+        strategy = tfdist.ParameterServerStrategy(
+            config, mode=mode, timeout_s=120, exactly_once=strategy_name == "tfdist"
+        )
     else:
         strategy = tf.distribute.ParameterServerStrategy(
             tfdist.cluster.to_cluster_resolver(config)
@@ -91,7 +98,7 @@ def measure(strategy_name: str, mode: str, steps: int) -> float:
             self.seconds.append(time.perf_counter() - self.start)
 
     clock = EpochClock()
-    if strategy_name == "tfdist":
+    if strategy_name.startswith("tfdist"):
         model.fit(dataset, epochs=2, verbose=0, callbacks=[clock])
     else:  # TF's path needs an infinite dataset and steps_per_epoch.
         model.fit(dataset.repeat(), epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[clock])

@@ -82,9 +82,24 @@ class ParameterServerExtended(  # type: ignore[misc]
     args, kwargs, group, default)` (`update_hook.UpdateHook`) runs
     `fn(var, *args, **kwargs)` for `StrategyExtended.update` (how Keras's
     optimizers apply gradients).
+
+    Args:
+      *args, **kwargs: TF's (container strategy, cluster resolver,
+        variable partitioner).
+      adopt: Called as `adopt(variable, make_ledger)` with every
+        `tf.Variable` the scope creates (each shard of a split one, before
+        TF wraps it); returns the variable to use (see `_adopting`).
     """
 
+    def __init__(
+        self, *args: Any, adopt: Callable[..., Any] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._adopt = adopt
+
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+        if self._adopt is not None:
+            next_creator = _adopting(next_creator, self._adopt)
         keras3_variable = keras_ps.creating_keras3_variable()
         colocate_with = kwargs.get("colocate_with")
         pinned = getattr(keras3_variable, "_tfdist_pinned_ps", None)
@@ -190,6 +205,31 @@ class ParameterServerExtended(  # type: ignore[misc]
     def num_ps(self) -> int:
         """The ps tasks variables are placed on."""
         return int(self._num_ps)
+
+
+def _adopting(next_creator: Any, adopt: Callable[..., Any]) -> Any:
+    """`next_creator` whose variables (each shard of a split one) pass through `adopt`.
+
+    `adopt(variable, make_ledger)`: `make_ledger(size)` makes an int64
+    vector of zeros on the variable's device with the same creator (below
+    the strategy's: a plain variable, not placed, wrapped or tracked by it).
+    """
+
+    def create(**kwargs: Any) -> Any:
+        variable = next_creator(**kwargs)
+
+        def make_ledger(size: int) -> Any:
+            with tf.device(variable.device):
+                return next_creator(
+                    initial_value=lambda: tf.zeros([size], tf.int64),
+                    trainable=False,
+                    dtype=tf.int64,
+                    name="tfdist_update_ledger",
+                )
+
+        return adopt(variable, make_ledger)
+
+    return create
 
 
 def _splits_like(kwargs: dict[str, Any], like: Any) -> bool:

@@ -29,6 +29,7 @@ import tensorflow as tf
 from tfdist._internal import keras_ps
 from tfdist.parameter_server import scheduler as scheduler_lib
 from tfdist.parameter_server import step_ledger
+from tfdist.parameter_server import update_gate
 
 __all__ = ["AsyncRunner"]
 
@@ -67,17 +68,22 @@ class AsyncRunner:
       strategy: The parameter-server strategy (its `run` is called on the
         worker, inside the scheduled function).
       scheduler: Where the steps are queued.
+      gate: The strategy's update gate (each recorded step's updates
+        applied once), or None.
 
     Attributes:
       ledger: Where train and test steps record finishing.
     """
 
     def __init__(
-        self, strategy: tf.distribute.Strategy, scheduler: scheduler_lib.StepScheduler
+        self,
+        strategy: tf.distribute.Strategy,
+        scheduler: scheduler_lib.StepScheduler,
+        gate: update_gate.UpdateGate | None = None,
     ) -> None:
         self._strategy = strategy
         self._scheduler = scheduler
-        self.ledger = step_ledger.StepLedger(strategy)
+        self.ledger = step_ledger.StepLedger(strategy, gate)
 
     def compile(self, kind: str, model: Any, keras3: bool) -> Any:
         one_step = step_body(self._strategy, kind, model)

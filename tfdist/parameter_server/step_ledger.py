@@ -12,7 +12,8 @@ The ledger makes finishing a function visible where it outlives the
 worker, on a ps task:
 
     function(ticket, *args):                    # traced: `record(fn)`
-        outputs = fn(*args)                     # the step: updates on the ps
+        outputs = fn(*args)                     # the step: updates on the ps,
+                                                # each gated by ticket (update_gate)
         after every stateful op above:          # all updates applied
             ledger[ticket % SIZE] = ticket      # one scatter, on the ledger's ps
         return outputs
@@ -20,12 +21,12 @@ worker, on a ps task:
         if ledger[t % SIZE] == t: skip it       # it had finished
 
 Guarantee: a function that finished on a worker that then failed is not
-run again. Limits: one cut short by its worker's death runs again, and the
-updates it had already sent to the ps before that death are applied a
-second time (async training has no transaction over several ps variables;
-in sync mode such a slice's gradient is counted twice in its step). The
-check reads the ledger, then runs: if TF re-queues a function while its
-first attempt still runs (a call to a live worker failed), both may apply.
+run again. One cut short by its worker's death runs again; the updates it
+had already sent to the ps are not applied twice because every update of
+a recorded function goes through the strategy's `update_gate` (its limits
+are stated there). The check reads the ledger, then runs: if TF re-queues
+a function while its first attempt still runs (a call to a live worker
+failed), both may run.
 Tickets are unique per strategy (the scheduler's function count, from 1);
 a slot is reused after `SIZE` functions, and the scheduler keeps fewer
 than `SIZE` in flight.
@@ -36,11 +37,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-__all__ = ["Recorded", "StepLedger", "TICKET_SPEC"]
+if TYPE_CHECKING:
+    from tfdist.parameter_server import update_gate
+
+__all__ = ["Recorded", "StepLedger", "TICKET_SPEC", "is_stateful"]
 
 #: Ledger slots: tickets in flight at once must stay below this.
 SIZE = 4096
@@ -82,13 +86,19 @@ class StepLedger:
     Args:
       strategy: The parameter-server strategy; the ledger variable is
         created in its scope (on a ps task) on first use.
+      gate: The strategy's `update_gate.UpdateGate`, if any: each recorded
+        function's updates are gated by its ticket (applied once per
+        ticket, a re-run of one cut short included).
 
     Contract: `record` and `function` are called on the chief's thread that
     compiles steps; `finished` from any coordinator thread.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+    def __init__(
+        self, strategy: tf.distribute.Strategy, gate: update_gate.UpdateGate | None = None
+    ) -> None:
         self._strategy = strategy
+        self._gate = gate
         self._variable: tf.Variable | None = None
 
     def _ledger(self) -> tf.Variable:
@@ -113,11 +123,13 @@ class StepLedger:
         mark, so outputs that reach the chief imply a recorded function.
         """
         ledger = self._ledger()
+        gate = self._gate
 
         def recorded(ticket: tf.Tensor, *args: Any) -> Any:
-            outputs = fn(*args)
+            with gate.tracing(ticket) if gate is not None else contextlib.nullcontext():
+                outputs = fn(*args)
             graph = tf.compat.v1.get_default_graph()
-            effects = [op for op in graph.get_operations() if _is_stateful(op)]
+            effects = [op for op in graph.get_operations() if is_stateful(op)]
             leaves = [t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)]
             with tf.control_dependencies(effects + leaves):
                 mark = ledger.scatter_nd_update(
@@ -136,7 +148,7 @@ class StepLedger:
         return int(tf.gather(ledger, ticket % SIZE).numpy()) == ticket
 
 
-def _is_stateful(op: tf.Operation) -> bool:
+def is_stateful(op: tf.Operation) -> bool:
     try:
         return bool(op.op_def.is_stateful)
     except (AttributeError, ValueError):  # Ops without a registered OpDef.

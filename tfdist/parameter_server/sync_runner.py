@@ -36,6 +36,7 @@ import tensorflow as tf
 from tfdist._internal import keras_ps
 from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import scheduler as scheduler_lib
+from tfdist.parameter_server import update_gate
 
 __all__ = ["SyncRunner", "split_batch"]
 
@@ -173,6 +174,8 @@ class SyncRunner:
       strategy: The parameter-server strategy.
       scheduler: Where the functions are queued.
       num_workers: Worker tasks (slices per global batch, at most).
+      gate: The strategy's update gate (each recorded slice's and apply's
+        updates applied once), or None.
     """
 
     def __init__(
@@ -180,11 +183,12 @@ class SyncRunner:
         strategy: tf.distribute.Strategy,
         scheduler: scheduler_lib.StepScheduler,
         num_workers: int,
+        gate: update_gate.UpdateGate | None = None,
     ) -> None:
         self.strategy = strategy
         self._scheduler = scheduler
         self._num_workers = num_workers
-        self._async = async_runner.AsyncRunner(strategy, scheduler)
+        self._async = async_runner.AsyncRunner(strategy, scheduler, gate)
         self.ledger = self._async.ledger
         # Apply steps return nothing: never handed out as a step's logs.
         self._applies: set[scheduler_lib.Step] = set()

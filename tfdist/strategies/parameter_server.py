@@ -42,6 +42,7 @@ from tfdist.parameter_server import partitioning
 from tfdist.parameter_server import roles
 from tfdist.parameter_server import scheduler as scheduler_lib
 from tfdist.parameter_server import sync_runner
+from tfdist.parameter_server import update_gate
 from tfdist.watchdog import startup
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MODES", "ParameterServerStrategy"]
@@ -143,9 +144,16 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         their variable.
       timeout_s: Bound on start-up and on one step, seconds (> 0);
         default `DEFAULT_TIMEOUT_S` (300).
+      exactly_once: Whether each update of a step is applied once when TF
+        runs a step again after its worker failed mid-step (default True:
+        every update of a variable on a ps is a conditional keyed by the
+        step, `tfdist.parameter_server.update_gate`; it costs steps/s, see
+        benchmarks/RESULTS.md). False: a step cut short by a worker's
+        death may apply the updates it had sent twice (finished steps are
+        still never run again).
 
     Raises:
-      ConfigError: For an unknown `mode`, a negative or misplaced
+      ConfigError: For an unknown `mode`, a non-bool `exactly_once`, a negative or misplaced
         `max_staleness`, a non-positive `timeout_s`, the evaluator task, or
         `cluster` and `cluster_resolver` both given.
       ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, has no
@@ -170,6 +178,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         max_staleness: int | None = None,
         variable_partitioner: Any = None,
         timeout_s: float | None = None,
+        exactly_once: bool = True,
     ) -> None:
         # dict[str, Any]: TF_CONFIG is free-form JSON; parse_tf_config checks it.
         # Any (variable_partitioner): a TF partitioner is any callable.
@@ -179,6 +188,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             "timeout_s", DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         )
         partitioning.resolve(variable_partitioner, num_ps=1)  # Checked before anything starts.
+        validation.check_one_of("exactly_once", exactly_once, (True, False))
         config = resolver_lib.resolve_cluster(
             _coordinator_as_chief(cluster), _coordinator_as_chief(cluster_resolver)
         )
@@ -194,12 +204,17 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         )
         if variable_partitioner is not None:
             keras_sharded.install()  # Keras 3 trains split variables.
+        # Every update of a step applied once, whatever TF re-runs.
+        self._update_gate = update_gate.UpdateGate()
         try:
             ps_runtime.initialize_strategy(
                 self,
                 resolver,
                 lambda: ps_runtime.ParameterServerExtended(
-                    self, resolver, variable_partitioner
+                    self,
+                    resolver,
+                    variable_partitioner,
+                    adopt=self._update_gate.adopt if exactly_once else None,
                 ),
             )
         except tf.errors.OpError as e:
@@ -222,10 +237,13 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         self._runner: keras_loop.StepRunner
         if mode == "sync":
             self._runner = sync_runner.SyncRunner(
-                self, self._scheduler, num_workers=len(config.cluster.addresses("worker"))
+                self,
+                self._scheduler,
+                num_workers=len(config.cluster.addresses("worker")),
+                gate=self._update_gate,
             )
         else:
-            self._runner = async_runner.AsyncRunner(self, self._scheduler)
+            self._runner = async_runner.AsyncRunner(self, self._scheduler, self._update_gate)
 
     def scope(self) -> Any:
         """TF's scope; an op in it that finds a ps task lost raises `WorkerUnavailableError` naming it.

@@ -58,6 +58,7 @@ class BadArgumentTest(parameterized.TestCase):
             "max_staleness=2",
         ),
         ("zero_timeout", {"timeout_s": 0}, "timeout_s=0"),
+        ("exactly_once_not_bool", {"exactly_once": "yes"}, "exactly_once='yes'"),
     )
     def test_bad_value_raises_config_error_naming_it(self, kwargs, named):
         with self.assertRaises(errors.ConfigError) as caught:
