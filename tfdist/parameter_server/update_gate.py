@@ -12,23 +12,26 @@ The gate makes every update idempotent per function run. Each variable
 created in the strategy's scope (`adopt`) sends its updates (`assign`,
 `assign_add`, `assign_sub`, `scatter_*`) through the gate; inside a
 function the step ledger records (`tracing(ticket)`), the `j`-th update of
-variable `v` in the function is traced as one conditional on `v`'s ps task:
+variable `v` in the function is traced on `v`'s ps task as:
 
-    with device(v.device):                      # one If op, on the ps
+    with device(v.device):
         seen = ledger_v[ticket % SIZE]          # (ticket, updates applied)
-        if seen == (ticket, n) with n > j:      # an earlier attempt applied it
-            skip
-        else:
-            v.update(...)
-            ledger_v[ticket % SIZE] = (ticket, j + 1)
+        applied = seen is (ticket, n) with n > j  # an earlier attempt applied it
+    additive (assign_add/sub, scatter_add/sub, scatter_nd_add/sub):
+        v.update(delta * (0 if applied else 1))
+        then ledger_v[ticket % SIZE] = seen if applied else (ticket, j + 1)
+    any other (assign, scatter_update, ...): one If op
+        if not applied: v.update(...); ledger_v[ticket % SIZE] = (ticket, j + 1)
 
-The If op starts only once all its inputs (the update's values, computed on
-the worker) are on the ps, and then runs there, without the worker. So a
+The write and its record run on the ps once their inputs (the update's
+values, computed on the worker) are there, without the worker. So a
 worker's death leaves each update of the step either applied and recorded,
 or not applied; the re-run (same function, same batch) skips the first
 kind and applies the second. Every update of every variable then happens
 exactly once per scheduled function: weights, optimizer slots, Keras's
-metric and step counters, and any `tf.Variable` a layer updates.
+metric and step counters, and any `tf.Variable` a layer updates. (The
+additive form has no branch: an If op per update cost 23% of steps/s on a
+small model under Keras 3, the zeroed delta 10%; benchmarks/RESULTS.md.)
 
 Tested: workers killed in the middle of a step, after part of its updates
 reached the ps (tests/integration/parameter_server_fault_test.py): each
@@ -36,12 +39,13 @@ update applied once, in async and sync mode (without the gate, fit counted
 65 optimizer steps of 64 in every run).
 
 Limits. The re-run computes the updates it still applies from the
-parameters it reads then (as any asynchronous step does). An If op that
-is already running when its step's partition on the ps is aborted (another
-input of that step failed to arrive from the dead worker) can stop between
-its write and its record; that one update is then applied again (seen: 1
+parameters it reads then (as any asynchronous step does). An update
+whose write has run when its step's partition on the ps is aborted
+(another input of that step failed to arrive from the dead worker) can
+stop before its record; that one update is then applied again (seen: 1
 run in 5 of the test above killing two workers mid-step at once, with
-steps of both in flight; none with one step in flight). Two attempts of
+steps of both in flight, when every update was an If op; none with one
+step in flight). Two attempts of
 one function running at the same time (TF re-queued it while its first
 attempt still ran) may both apply an update. Fused update kernels that
 write a variable's handle directly (tf-keras's legacy optimizers,
@@ -101,7 +105,7 @@ def _gated_class(cls: type, gate: UpdateGate) -> type:
         base = getattr(cls, name)
 
         def update(variable: Any, *args: Any, **kwargs: Any) -> Any:
-            return gate.apply(variable, lambda: base(variable, *args, **kwargs))
+            return gate.apply(variable, name, lambda *a: base(variable, *a, **kwargs), args)
 
         update.__name__ = name
         update.__doc__ = base.__doc__
@@ -109,6 +113,31 @@ def _gated_class(cls: type, gate: UpdateGate) -> type:
 
     methods = {name: through_gate(name) for name in _UPDATES if hasattr(cls, name)}
     return type(cls.__name__, (cls,), methods)
+
+
+#: Additive update methods: the position of their delta argument.
+_ADDITIVE = {
+    "assign_add": 0,
+    "assign_sub": 0,
+    "scatter_add": 0,
+    "scatter_sub": 0,
+    "scatter_nd_add": 1,
+    "scatter_nd_sub": 1,
+}
+
+
+def _masked(delta: Any, applied: tf.Tensor, dtype: tf.DType) -> Any:
+    """`delta` times 0 where `applied`, else times 1 (dense or `IndexedSlices`)."""
+    keep = tf.cast(tf.logical_not(applied), dtype)
+    if isinstance(delta, tf.IndexedSlices):
+        return tf.IndexedSlices(delta.values * keep, delta.indices, delta.dense_shape)
+    return tf.convert_to_tensor(delta, dtype) * keep
+
+
+def _op_of(written: Any) -> Any:
+    """What to wait for after an update: its op (a graph tensor, or a variable's last write)."""
+    op = getattr(written, "op", None)
+    return op if op is not None else written
 
 
 class _Trace:
@@ -191,13 +220,19 @@ class UpdateGate:
                 graph = getattr(graph, "outer_graph", None)
         return None
 
-    def apply(self, variable: tf.Variable, update: Callable[[], Any]) -> Any:
-        """Runs `update()` of `variable`, gated by the ticket being traced (see module)."""
+    def apply(
+        self,
+        variable: tf.Variable,
+        method: str,
+        update: Callable[..., Any],
+        args: tuple[Any, ...],
+    ) -> Any:
+        """Runs `update(*args)`, `variable`'s `method`, gated by the ticket being traced (see module)."""
         if getattr(self._local, "applying", False) or not tf.inside_function():
-            return update()
+            return update(*args)
         trace = self._trace()
         if trace is None:
-            return update()
+            return update(*args)
         ledger = self.ledger(variable)
         index = trace.updates.get(id(variable), 0)
         trace.updates[id(variable)] = index + 1
@@ -208,13 +243,31 @@ class UpdateGate:
             applied = tf.logical_and(
                 tf.equal(seen // _STRIDE, ticket), seen % _STRIDE > index
             )
+            record = tf.where(applied, seen, ticket * _STRIDE + index + 1)
+            delta_at = _ADDITIVE.get(method)
+            if delta_at is not None and len(args) > delta_at:
+                # An additive update: a zero delta when applied, then the
+                # record (no branch; the record waits for the write).
+                masked = list(args)
+                masked[delta_at] = _masked(args[delta_at], applied, variable.dtype)
+                self._local.applying = True
+                try:
+                    written = update(*masked)
+                finally:
+                    self._local.applying = False
+                with tf.control_dependencies([_op_of(written)]):
+                    mark = ledger.scatter_nd_update(
+                        tf.reshape(slot, [1, 1]), tf.reshape(record, [1])
+                    )
+                with tf.control_dependencies([mark]):
+                    return tf.logical_not(applied)
 
             def run() -> tf.Tensor:
                 graph = tf.compat.v1.get_default_graph()
                 before = len(graph.get_operations())
                 self._local.applying = True
                 try:
-                    update()
+                    update(*args)
                 finally:
                     self._local.applying = False
                 effects = [

@@ -146,7 +146,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         default `DEFAULT_TIMEOUT_S` (300).
       exactly_once: Whether each update of a step is applied once when TF
         runs a step again after its worker failed mid-step (default True:
-        every update of a variable on a ps is a conditional keyed by the
+        every update of a variable on a ps is checked against a ledger of the
         step, `tfdist.parameter_server.update_gate`; it costs steps/s, see
         benchmarks/RESULTS.md). False: a step cut short by a worker's
         death may apply the updates it had sent twice (finished steps are
