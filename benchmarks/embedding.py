@@ -5,9 +5,9 @@
 Each run is its own process (`tfdist.testing.run_local_cluster`, one task,
 in a private network namespace where the OS allows: then the loopback
 interface carries only this run's traffic) holding an in-process cluster of
-2 workers and 2 ps. The model is examples/recommender.py's (a user table of
-`rows` x 16 float32, split over the 2 ps by a partitioner; item tables of
-1000 rows), batch 256, under Keras 3 with `tfdist.ParameterServerStrategy`
+2 workers and 2 ps. The model is a matrix factorisation like
+examples/recommender.py's (a user table of `rows` x 16 float32, split over
+the 2 ps by a partitioner; an item table of 1000 rows), batch 256, under Keras 3 with `tfdist.ParameterServerStrategy`
 (async). Two update rules:
 
 - sparse: SGD. Each step gathers its batch's rows from the shards that own

@@ -1,6 +1,6 @@
 """Parameter-server modes: time to a target accuracy on digits (async, bounded staleness, sync).
 
-    python benchmarks/ps_modes.py [--target=0.95] [--max_epochs=40] [--rounds=2]
+    python benchmarks/ps_modes.py [--target=0.95] [--max_epochs=40] [--mode_rounds=2]
 
 Each run is its own process (`tfdist.testing.run_local_cluster`, one task)
 holding an in-process cluster of 2 workers and 2 ps, training

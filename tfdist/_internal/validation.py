@@ -16,6 +16,16 @@ from tfdist import errors
 _T = TypeVar("_T")
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Returns `value` if it is a `bool`, else raises TypeError."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{name} must be a bool; received {name}={value!r} of type "
+            f"{type(value).__name__}."
+        )
+    return value
+
+
 def check_int(name: str, value: object) -> int:
     """Returns `value` if it is an `int` (not a `bool`), else raises TypeError."""
     if isinstance(value, bool) or not isinstance(value, int):

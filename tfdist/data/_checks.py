@@ -36,15 +36,6 @@ def check_seed(seed: object) -> int:
     return seed
 
 
-def check_bool(name: str, value: object) -> None:
-    """Raises TypeError unless `value` is a bool."""
-    if not isinstance(value, bool):
-        raise TypeError(
-            f"{name} must be a bool; received {name}={value!r} of type "
-            f"{type(value).__name__}."
-        )
-
-
 def check_source(dataset: object) -> tf.data.Dataset | tuple[str, ...]:
     """Returns the dataset, or the file paths as a tuple of str."""
     if isinstance(dataset, tf.data.Dataset):

@@ -75,7 +75,7 @@ class ShardOptions:
 
     def __post_init__(self) -> None:
         _checks.check_seed(self.seed)
-        _checks.check_bool("shuffle", self.shuffle)
+        validation.check_bool("shuffle", self.shuffle)
         value = (
             self.remainder.value
             if isinstance(self.remainder, policies.Remainder)

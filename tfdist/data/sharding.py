@@ -228,7 +228,7 @@ def shard(
       dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
       ```
     """
-    _checks.check_bool("normalize_padded_loss", normalize_padded_loss)
+    validation.check_bool("normalize_padded_loss", normalize_padded_loss)
     batches, layout, remainder, _ = _real_row_batches(
         dataset,
         input_context,
@@ -335,8 +335,8 @@ def _real_row_batches(
     files = source if isinstance(source, tuple) else None
     layout = _checks.check_layout(input_context, global_batch_size)
     _checks.check_seed(seed)
-    _checks.check_bool("shuffle", shuffle)
-    _checks.check_bool("reshuffle_each_iteration", reshuffle_each_iteration)
+    validation.check_bool("shuffle", shuffle)
+    validation.check_bool("reshuffle_each_iteration", reshuffle_each_iteration)
     first_epoch = (
         0
         if epoch is None

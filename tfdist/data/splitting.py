@@ -36,6 +36,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import validation
 from tfdist.data import _checks
 from tfdist.data import row_weights
 
@@ -83,7 +84,7 @@ def split_batches(
             "dataset must be a tf.data.Dataset of batches; received "
             f"dataset={dataset!r} of type {type(dataset).__name__}."
         )
-    _checks.check_bool("weight_uneven", weight_uneven)
+    validation.check_bool("weight_uneven", weight_uneven)
     num_replicas, num_pipelines, pipeline_id = _checks.check_input_context(
         input_context
     )

@@ -29,7 +29,10 @@ worker's death leaves each update of the step either applied and recorded,
 or not applied; the re-run (same function, same batch) skips the first
 kind and applies the second. Every update of every variable then happens
 exactly once per scheduled function: weights, optimizer slots, Keras's
-metric and step counters, and any `tf.Variable` a layer updates. (The
+metric and step counters, and any `tf.Variable` a layer updates, when the
+update is traced in the step itself or a `cond` branch of it (an update
+in a loop body or a nested `tf.function`, traced once and run many times,
+runs ungated, with a warning). (The
 additive form has no branch: an If op per update cost 23% of steps/s on a
 small model under Keras 3, the zeroed delta 10%; benchmarks/RESULTS.md.)
 
@@ -69,6 +72,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from tfdist.parameter_server import step_ledger
 
@@ -127,11 +131,23 @@ _ADDITIVE = {
 
 
 def _masked(delta: Any, applied: tf.Tensor, dtype: tf.DType) -> Any:
-    """`delta` times 0 where `applied`, else times 1 (dense or `IndexedSlices`)."""
-    keep = tf.cast(tf.logical_not(applied), dtype)
+    """`delta`, or zeros where `applied` (dense or `IndexedSlices`; an Inf or NaN delta too)."""
+
+    def zeroed(values: Any) -> tf.Tensor:
+        values = tf.convert_to_tensor(values, dtype)
+        return tf.where(applied, tf.zeros_like(values), values)
+
     if isinstance(delta, tf.IndexedSlices):
-        return tf.IndexedSlices(delta.values * keep, delta.indices, delta.dense_shape)
-    return tf.convert_to_tensor(delta, dtype) * keep
+        return tf.IndexedSlices(zeroed(delta.values), delta.indices, delta.dense_shape)
+    return zeroed(delta)
+
+
+def _outer_graphs(graph: Any) -> Iterator[Any]:
+    """`graph`'s enclosing graphs, innermost first."""
+    graph = getattr(graph, "outer_graph", None)
+    while graph is not None:
+        yield graph
+        graph = getattr(graph, "outer_graph", None)
 
 
 def _op_of(written: Any) -> Any:
@@ -167,6 +183,7 @@ class UpdateGate:
         self._classes: dict[type, type] = {}
         # Ledgers by adopted variable's id (dropped when the variable is).
         self._ledgers: dict[int, tf.Variable] = {}
+        self._warned_ungated = False
 
     def adopt(
         self, variable: tf.Variable, make_ledger: Callable[[int], tf.Variable]
@@ -210,14 +227,34 @@ class UpdateGate:
                 del self._traces[id(graph)]
 
     def _trace(self) -> _Trace | None:
-        """The trace of the graph being built (or of one it is nested in), if any."""
+        """The trace of the graph being built, if gating applies there.
+
+        The recorded function's own graph, or a `cond` branch in it (run at
+        most once per call). Not a loop body or a nested `tf.function`: traced
+        once and run any number of times, their updates would share one
+        index, and all but the first would be taken for applied; those run
+        ungated (logged once).
+        """
         graph: Any = tf.compat.v1.get_default_graph()
         with self._lock:
             while graph is not None:
                 found = self._traces.get(id(graph))
                 if found is not None:
                     return found[1]
+                if type(graph).__name__ != "CondBranchFuncGraph":
+                    break
                 graph = getattr(graph, "outer_graph", None)
+            inside_recorded = any(
+                id(outer) in self._traces for outer in _outer_graphs(graph)
+            )
+        if inside_recorded and not self._warned_ungated:
+            self._warned_ungated = True
+            logging.warning(
+                "tfdist: a variable update inside a loop body or nested "
+                "tf.function of a parameter-server step is not gated: a step "
+                "re-run after its worker failed mid-step may apply it again "
+                "(see tfdist.parameter_server.update_gate)."
+            )
         return None
 
     def apply(

@@ -153,11 +153,13 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         still never run again).
 
     Raises:
-      ConfigError: For an unknown `mode`, a non-bool `exactly_once`, a negative or misplaced
+      ConfigError: For an unknown `mode`, a negative or misplaced
         `max_staleness`, a non-positive `timeout_s`, the evaluator task, or
         `cluster` and `cluster_resolver` both given.
       ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, has no
         chief, worker or ps job, or this task's address is in use.
+      TypeError: For a `max_staleness` not an int, a `variable_partitioner`
+        not callable (nor None or "whole"), or an `exactly_once` not a bool.
       WorkerUnavailableError: If a worker or ps task does not start within
         `timeout_s`; names it.
 
@@ -188,7 +190,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             "timeout_s", DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         )
         partitioning.resolve(variable_partitioner, num_ps=1)  # Checked before anything starts.
-        validation.check_one_of("exactly_once", exactly_once, (True, False))
+        validation.check_bool("exactly_once", exactly_once)
         config = resolver_lib.resolve_cluster(
             _coordinator_as_chief(cluster), _coordinator_as_chief(cluster_resolver)
         )
@@ -205,7 +207,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         if variable_partitioner is not None:
             keras_sharded.install()  # Keras 3 trains split variables.
         # Every update of a step applied once, whatever TF re-runs.
-        self._update_gate = update_gate.UpdateGate()
+        self._update_gate = update_gate.UpdateGate() if exactly_once else None
         try:
             ps_runtime.initialize_strategy(
                 self,
@@ -214,7 +216,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
                     self,
                     resolver,
                     variable_partitioner,
-                    adopt=self._update_gate.adopt if exactly_once else None,
+                    adopt=self._update_gate.adopt if self._update_gate else None,
                 ),
             )
         except tf.errors.OpError as e:
@@ -248,8 +250,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     def scope(self) -> Any:
         """TF's scope; an op in it that finds a ps task lost raises `WorkerUnavailableError` naming it.
 
-        Keras runs `fit`/`evaluate`/`predict` in this scope, and reads some of
-        its own variables (on the ps tasks) between steps, outside tfdist's
+        tf-keras runs `fit`/`evaluate`/`predict` in this scope, and reads some
+        of its own variables (on the ps tasks) between steps, outside tfdist's
         scheduler: TF's bare `UnavailableError` becomes tfdist's error.
         """
         return _NamingLostPs(super().scope())

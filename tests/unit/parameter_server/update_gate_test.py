@@ -80,6 +80,26 @@ class UpdateGateTest(tf.test.TestCase):
         plain()
         self.assertEqual(float(self.a.numpy()), 6.0)
 
+    def test_a_rerun_skipping_an_applied_update_writes_no_nan_for_an_infinite_delta(self):
+        recorded = self.ledger.function(
+            lambda x: self.a.assign_add(x), autograph=False
+        ).get_concrete_function(tf.TensorSpec([], tf.float32))
+        recorded(3, tf.constant(1.0))
+        recorded(3, tf.constant(float("inf")))  # A re-run whose delta is Inf.
+        self.assertEqual(float(self.a.numpy()), 1.0)
+
+    def test_updates_in_a_loop_body_are_all_applied(self):
+        def loop(x):
+            return tf.while_loop(
+                lambda i: i < 3, lambda i: (self.a.assign_add(x), i + 1)[1], [0]
+            )
+
+        recorded = self.ledger.function(loop, autograph=False).get_concrete_function(
+            tf.TensorSpec([], tf.float32)
+        )
+        recorded(4, tf.constant(1.0))
+        self.assertEqual(float(self.a.numpy()), 3.0)  # Ungated there: not one of three.
+
     def test_adopted_variables_keep_their_type_and_checkpoint(self):
         self.assertIsInstance(self.a, type(tf.Variable(0.0)))
         self.a.assign(2.5)

@@ -58,7 +58,6 @@ class BadArgumentTest(parameterized.TestCase):
             "max_staleness=2",
         ),
         ("zero_timeout", {"timeout_s": 0}, "timeout_s=0"),
-        ("exactly_once_not_bool", {"exactly_once": "yes"}, "exactly_once='yes'"),
     )
     def test_bad_value_raises_config_error_naming_it(self, kwargs, named):
         with self.assertRaises(errors.ConfigError) as caught:
@@ -69,6 +68,7 @@ class BadArgumentTest(parameterized.TestCase):
         ("staleness_float", {"max_staleness": 1.5}),
         ("staleness_bool", {"max_staleness": True}),
         ("partitioner_not_callable", {"variable_partitioner": 256}),
+        ("exactly_once_int", {"exactly_once": 1}),
     )
     def test_wrong_type_raises_type_error(self, kwargs):
         with self.assertRaises(TypeError):
