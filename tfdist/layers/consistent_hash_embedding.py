@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import keras_layers
 from tfdist._internal import validation
 from tfdist.layers import hash_ring
 
@@ -37,12 +38,6 @@ __all__ = ["ConsistentHashEmbedding"]
 
 keras = tf.keras  # Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1.
 _Layer: Any = keras.layers.Layer
-
-
-def _tf_variable(variable: Any) -> Any:
-    """The tf.Variable a Keras 3 variable wraps (gathers then run where it lives); else itself."""
-    value = getattr(variable, "_value", None)
-    return value if isinstance(value, tf.Variable) else variable
 
 
 class ConsistentHashEmbedding(_Layer):
@@ -118,7 +113,7 @@ class ConsistentHashEmbedding(_Layer):
         rows = tf.dynamic_partition(index_in_shard, owner, len(self.shards))
         positions = tf.dynamic_partition(tf.range(tf.size(flat)), owner, len(self.shards))
         vectors = [
-            tf.gather(_tf_variable(shard), shard_rows)
+            tf.gather(keras_layers.storage_variable(shard), shard_rows)
             for shard, shard_rows in zip(self.shards, rows)
         ]
         stitched = tf.dynamic_stitch(positions, vectors)

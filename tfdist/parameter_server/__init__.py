@@ -12,6 +12,8 @@ Modules, one job each:
 - `keras_loop`: Keras's `fit`/`evaluate`/`predict` on the cluster.
 - `step_ledger`: which scheduled steps finished, so that a failed worker's
   finished step is not run again.
+- `update_gate`: each update of a step applied once, so that a step cut
+  short and run again applies only what had not landed.
 - `partitioning`: how variables are split over the ps tasks (by bytes by
   default).
 """
