@@ -149,14 +149,14 @@ def make_strategy(config: TrainConfig):
     return tfdist.ParameterServerStrategy(cluster)
 
 
-def describe_shards(variable) -> list[str]:
+def describe_shards(strategy, variable) -> list[str]:
     """Where each shard of a (possibly split) variable lives, with its rows."""
-    value = getattr(variable, "_value", variable)  # A Keras 3 variable wraps a tf.Variable.
-    shards = getattr(value, "variables", None) or [value]
+    if not isinstance(strategy, tfdist.ParameterServerStrategy):
+        return [f"  rows 0-{int(variable.shape[0]) - 1:,} on this device"]
     lines, start = [], 0
-    for shard in shards:
+    for shard in strategy.variable_shards(variable):
         rows = int(shard.shape[0])
-        task = shard.device.split("/device")[0].replace("/replica:0", "") or "local"
+        task = shard.device.split("/device")[0].replace("/replica:0", "")
         lines.append(f"  rows {start:,}-{start + rows - 1:,} on {task}")
         start += rows
     return lines
@@ -177,7 +177,7 @@ def train(config: TrainConfig) -> TrainResult:
     with strategy.scope():  # tfdist: the tables are created on the ps tasks.
         model = build_model(config)
     table = model.get_layer("user_embedding").embeddings
-    shards = describe_shards(table)
+    shards = describe_shards(strategy, table)
     print(f"user_embedding {tuple(table.shape)}: {len(shards)} shard(s)", flush=True)
     print("\n".join(shards), flush=True)
 

@@ -78,19 +78,16 @@ def _whole_weights(model) -> list[np.ndarray]:
     return [tf.convert_to_tensor(v).numpy() for v in variables]
 
 
-def _placement(variable) -> list[str]:
+def _placement(strategy, variable) -> list[str]:
     """The device of each shard, in shard order (one entry if whole)."""
-    variable = getattr(variable, "_value", variable)  # Keras 3 wraps a tf.Variable.
-    shards = getattr(variable, "variables", None) or [variable]
-    return [shard.device.split("/device")[0] for shard in shards]
+    return [shard.device.split("/device")[0] for shard in strategy.variable_shards(variable)]
 
 
-def _slot_rows(model) -> list[tuple[str, int]]:
+def _slot_rows(strategy, model) -> list[tuple[str, int]]:
     """(ps task, rows) of every optimizer variable (or shard of one) of the embedding's width."""
     found = []
     for variable in model.optimizer.variables:
-        variable = getattr(variable, "_value", variable)
-        for part in getattr(variable, "variables", None) or [variable]:
+        for part in strategy.variable_shards(variable):
             if part.shape.rank == 2 and part.shape[1] == EMBEDDING_DIM:
                 found.append((part.device.split("/device")[0], int(part.shape[0])))
     return found
@@ -124,9 +121,9 @@ def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
     one_device.fit(dataset, epochs=EPOCHS, verbose=0)
     record["weights"] = _whole_weights(model)
     record["one_device_weights"] = one_device.get_weights()
-    record["slot_rows"] = _slot_rows(model)
+    record["slot_rows"] = _slot_rows(strategy, model)
     large = _large_variables(model)
-    record["placement"] = {name: _placement(v) for name, v in large.items()}
+    record["placement"] = {name: _placement(strategy, v) for name, v in large.items()}
     record["values"] = {name: tf.convert_to_tensor(v).numpy() for name, v in large.items()}
     record["loss"] = history.history["loss"]
     record["iterations"] = int(model.optimizer.iterations.numpy())
@@ -153,7 +150,7 @@ def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
     record["hashed_loss"] = hashed_model.fit(dataset, epochs=EPOCHS, verbose=0).history["loss"]
-    record["hashed_placement"] = [_placement(shard)[0] for shard in hashed.shards]
+    record["hashed_placement"] = [_placement(strategy, shard)[0] for shard in hashed.shards]
     return record
 
 
@@ -166,7 +163,7 @@ def restore(checkpoint_path: str) -> dict[str, object]:
     tf.train.Checkpoint(model=model).read(checkpoint_path).assert_existing_objects_matched()
     large = _large_variables(model)
     return {
-        "placement": {name: _placement(v) for name, v in large.items()},
+        "placement": {name: _placement(strategy, v) for name, v in large.items()},
         "values": {name: tf.convert_to_tensor(v).numpy() for name, v in large.items()},
         "evaluate": model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0),
     }

@@ -49,6 +49,7 @@ from tensorflow.python.distribute.coordinator import (
 
 from tfdist import errors
 from tfdist._internal import attributes
+from tfdist._internal import keras_layers
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
 from tfdist._internal import update_hook
@@ -205,6 +206,14 @@ class ParameterServerExtended(  # type: ignore[misc]
     def num_ps(self) -> int:
         """The ps tasks variables are placed on."""
         return int(self._num_ps)
+
+
+def shards_of(variable: Any) -> list[Any]:
+    """The `tf.Variable`s storing `variable` (a Keras 3 or tf-keras weight): its shards in row order, or itself."""
+    value = keras_layers.storage_variable(variable)
+    if isinstance(value, ShardedVariable):
+        return list(value.variables)
+    return [value]
 
 
 def _adopting(next_creator: Any, adopt: Callable[..., Any]) -> Any:

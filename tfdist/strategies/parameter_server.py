@@ -286,6 +286,14 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         """Scheduled functions (each `steps_per_execution` steps) each worker finished."""
         return dict(self._scheduler.executions_by_worker)
 
+    def variable_shards(self, variable: Any) -> list[tf.Variable]:
+        """Where a variable created in `scope()` is stored: its shards in row order, or itself.
+
+        Each returned `tf.Variable`'s `device` names its ps task. Accepts a
+        Keras 3 or tf-keras weight (`layer.embeddings`, `optimizer.variables`).
+        """
+        return ps_runtime.shards_of(variable)
+
     @property
     def largest_staleness_seen(self) -> int:
         """The most steps any step's update may have been stale by, since construction.
