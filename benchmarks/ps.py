@@ -1,6 +1,6 @@
 """Parameter-server training: tfdist.ParameterServerStrategy vs TF's, steps per second.
 
-    python benchmarks/ps.py [--steps=200] [--rounds=3]
+    python benchmarks/ps.py [--steps=200] [--rounds=3] [--only=NAME ...]
 
 Each run is its own process (`tfdist.testing.run_local_cluster`, one
 task) holding an in-process cluster of 2 workers and 2 ps
@@ -17,7 +17,11 @@ data. Configurations:
   2 slices + 1 apply per step, so at most about a third of async's rate);
 - tfdist async with `exactly_once=False` (Keras 3 and tf-keras): what
   exactly-once updates of a step cut short cost
-  (`tfdist.parameter_server.update_gate`).
+  (`tfdist.parameter_server.update_gate`);
+- tfdist async with `input_service="chief"` (Keras 3 and tf-keras): the
+  workers read their batches from a tf.data service in the chief's
+  process instead of receiving them with each step
+  (`tfdist.parameter_server.service_input`).
 
 Steps/s is measured over the second epoch (the first includes tracing).
 Configurations alternate per round; medians are reported. Keras 3 cannot
@@ -48,7 +52,12 @@ CONFIGURATIONS = {
     "tfdist sync, Keras 3": ("tfdist", "sync", "0"),
     "tfdist async, Keras 3, exactly_once=False": ("tfdist-ungated", "async", "0"),
     "tfdist async, tf-keras, exactly_once=False": ("tfdist-ungated", "async", "1"),
+    "tfdist async, Keras 3, input_service='chief'": ("tfdist-service", "async", "0"),
+    "tfdist async, tf-keras, input_service='chief'": ("tfdist-service", "async", "1"),
 }
+_ONLY = flags.DEFINE_multi_string(
+    "only", None, "Run only this configuration (repeatable; TF's, the baseline, always runs), by name."
+)
 
 
 def measure(strategy_name: str, mode: str, steps: int) -> float:
@@ -62,7 +71,11 @@ def measure(strategy_name: str, mode: str, steps: int) -> float:
     config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
     if strategy_name.startswith("tfdist"):
         strategy = tfdist.ParameterServerStrategy(
-            config, mode=mode, timeout_s=120, exactly_once=strategy_name == "tfdist"
+            config,
+            mode=mode,
+            timeout_s=120,
+            exactly_once=strategy_name != "tfdist-ungated",
+            input_service="chief" if strategy_name == "tfdist-service" else None,
         )
     else:
         strategy = tf.distribute.ParameterServerStrategy(
@@ -107,9 +120,15 @@ def measure(strategy_name: str, mode: str, steps: int) -> float:
 
 def main(argv: Sequence[str]) -> None:
     del argv
-    results: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
+    baseline_name = "TF ParameterServerStrategy, tf-keras"
+    chosen = {
+        name: value
+        for name, value in CONFIGURATIONS.items()
+        if _ONLY.value is None or name in _ONLY.value or name == baseline_name
+    }
+    results: dict[str, list[float]] = {name: [] for name in chosen}
     for round_index in range(_ROUNDS.value):
-        for name, (strategy_name, mode, legacy) in CONFIGURATIONS.items():
+        for name, (strategy_name, mode, legacy) in chosen.items():
             (rate,) = run_local_cluster(
                 measure,
                 num_workers=1,
@@ -119,7 +138,7 @@ def main(argv: Sequence[str]) -> None:
             )
             results[name].append(rate)
             print(f"round {round_index + 1}: {name}: {rate:.1f} steps/s", flush=True)
-    baseline = statistics.median(results["TF ParameterServerStrategy, tf-keras"])
+    baseline = statistics.median(results[baseline_name])
     print("\n| configuration | steps/s (median) | vs TF's PS strategy (tf-keras) |")
     print("|---|---|---|")
     for name, rates in results.items():

@@ -12,6 +12,10 @@ Real processes on 127.0.0.1, each job bounded by a hard kill:
   cut step had sent again (fit counted 65 steps of 64). An earlier form of
   the test (a worker killed between steps) failed in 2 of 3 runs without
   the step ledger: TF re-queued a step that had finished.
+- The same kill with the workers reading from a tf.data service
+  (`input_service="chief"`): `fit` completes and no example is trained on
+  twice; the batches the killed workers held are lost (6 of 32 in the
+  runs seen), as documented.
 - A ps killed mid-epoch, in a job of plain processes (no launcher to stop
   the chief): the chief's `fit` raises `WorkerUnavailableError` naming
   ps:0, well before `timeout_s`.
@@ -62,7 +66,7 @@ STALL_S = 60.0
 SETTLE_S = 1.0
 
 
-def worker_killed_job(out_dir: str, mode: str) -> dict[str, object]:
+def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dict[str, object]:
     """Every task's script; the workers are killed in the middle of a step's updates.
 
     The first step (or sync slice) training on example STALL_ID stalls in
@@ -84,7 +88,7 @@ def worker_killed_job(out_dir: str, mode: str) -> dict[str, object]:
     # an update may apply that one twice: see update_gate's limits).
     staleness = 0 if mode == "async" else None
     strategy = tfdist.ParameterServerStrategy(
-        mode=mode, max_staleness=staleness, timeout_s=TIMEOUT_S
+        mode=mode, max_staleness=staleness, timeout_s=TIMEOUT_S, input_service=input_service
     )
     rng = np.random.default_rng(0)
     x = rng.normal(size=(NUM_EXAMPLES, 6)).astype("float32")
@@ -185,13 +189,31 @@ class WorkerKilledTest(tf.test.TestCase, parameterized.TestCase):
     def test_fit_completes_with_every_step_applied_once(self, mode):
         result = tfdist.testing.run_local_ps_job(
             worker_killed_job, num_workers=2, num_ps=1, timeout_s=JOB_LIMIT_S,
-            args=(self.create_tempdir().full_path, mode),
+            args=(self.create_tempdir().full_path, mode, None),
         )
         self.assertTrue(result["killed"])
         self.assertGreaterEqual(result["steps_rerun"], 1)  # At least the stalled step.
         self.assertEqual(result["iterations"], EPOCHS * STEPS_PER_EPOCH)
         miscounted = {i: c for i, c in enumerate(result["counts"]) if c != EPOCHS}
         self.assertEqual(miscounted, {})  # Example id: times trained on.
+        self.assertLess(result["loss"][-1], result["loss"][0])
+
+
+class WorkerKilledInputServiceTest(tf.test.TestCase):
+
+    def test_fit_completes_with_no_example_trained_twice(self):
+        # The workers read from the chief's tf.data service: a killed worker
+        # loses the batches it had fetched, and TF's re-run of its step
+        # reads the next batch (at most once, see service_input).
+        result = tfdist.testing.run_local_ps_job(
+            worker_killed_job, num_workers=2, num_ps=1, timeout_s=JOB_LIMIT_S,
+            args=(self.create_tempdir().full_path, "async", "chief"),
+        )
+        self.assertTrue(result["killed"])
+        self.assertGreaterEqual(result["steps_rerun"], 1)
+        twice = {i: c for i, c in enumerate(result["counts"]) if c > EPOCHS}
+        self.assertEqual(twice, {})  # Example id: times trained on.
+        self.assertLessEqual(result["iterations"], EPOCHS * STEPS_PER_EPOCH)
         self.assertLess(result["loss"][-1], result["loss"][0])
 
 

@@ -6,16 +6,13 @@ builds the strategy as the chief, runs every scenario below and returns
 what it saw; the tests check it. Runs under Keras 3 and, with
 TF_USE_LEGACY_KERAS=1, tf-keras (the child inherits the environment).
 
-Input is counted exactly: every example carries its id, and a layer in
-front of the model adds one to a counter variable (on a ps, updated
-atomically by whichever worker runs the step) per id it trains on.
+Input is counted exactly (`ps_counting`).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-import traceback
 
 import numpy as np
 import pytest
@@ -23,83 +20,13 @@ import tensorflow as tf
 from absl.testing import absltest
 
 import tfdist
+from tests.integration import ps_counting
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
 
-NUM_EXAMPLES = 200  # 7 batches of 32: a short last batch of 8.
-BATCH_SIZE = 32
-NUM_BATCHES = 7
-NUM_FEATURES = 6
 CLUSTER_TIMEOUT_S = 420
 STRATEGY_TIMEOUT_S = 120
 CUSTOM_LOOP_STEPS = 60
-#: Whether tf.keras is Keras 3 (else tf-keras, TF_USE_LEGACY_KERAS=1).
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
-
-
-def _data() -> tuple[np.ndarray, np.ndarray]:
-    """Features whose column 0 is the example id; labels from a fixed rule."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(NUM_EXAMPLES, NUM_FEATURES)).astype("float32")
-    x[:, 0] = np.arange(NUM_EXAMPLES)
-    y = (x[:, 1] + x[:, 2] > 0).astype("int32")
-    return x, y
-
-
-def _build(keras, strategy, *, steps_per_execution: int = 1):
-    """A small classifier whose first layer counts the ids it trains on."""
-
-    class CountIds(keras.layers.Layer):
-        def build(self, input_shape):
-            self.counts = tf.Variable(
-                tf.zeros([NUM_EXAMPLES], tf.int32), trainable=False, name="counts"
-            )
-
-        def call(self, inputs, training=None):
-            if training:
-                ids = tf.cast(inputs[:, 0], tf.int32)
-                seen = tf.math.bincount(
-                    ids, minlength=NUM_EXAMPLES, maxlength=NUM_EXAMPLES, dtype=tf.int32
-                )
-                with tf.control_dependencies([self.counts.assign_add(seen)]):
-                    return tf.identity(inputs[:, 1:])
-            return inputs[:, 1:]
-
-    class CountExamples(keras.metrics.Metric):
-        def __init__(self, **kwargs):
-            super().__init__(name="examples", **kwargs)
-            self.total = self.add_weight(name="total", initializer="zeros")
-
-        def update_state(self, y_true, y_pred, sample_weight=None):
-            self.total.assign_add(tf.cast(tf.shape(y_true)[0], self.total.dtype))
-
-        def result(self):
-            return self.total
-
-    with strategy.scope():
-        counter = CountIds()
-        model = keras.Sequential(
-            [
-                keras.Input((NUM_FEATURES,)),
-                counter,
-                keras.layers.Dense(16, activation="relu"),
-                keras.layers.Dense(2),
-            ]
-        )
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.05),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy", CountExamples()],
-            steps_per_execution=steps_per_execution,
-        )
-    return model, counter
-
-
-def _scenario(record, name, run):
-    try:
-        record[name] = run()
-    except Exception as e:  # noqa: BLE001 - reported to the test.
-        record[name] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
 
 
 def fit_scenarios() -> dict[str, object]:
@@ -107,11 +34,11 @@ def fit_scenarios() -> dict[str, object]:
     keras = tf.keras
     config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
     strategy = tfdist.ParameterServerStrategy(config, timeout_s=STRATEGY_TIMEOUT_S)
-    x, y = _data()
+    x, y = ps_counting.data()
     record: dict[str, object] = {}
 
     def finite_dataset():
-        model, counter = _build(keras, strategy)
+        model, counter = ps_counting.build(keras, strategy)
 
         class Batches(keras.callbacks.Callback):
             def __init__(self):
@@ -129,12 +56,12 @@ def fit_scenarios() -> dict[str, object]:
         # lose and repeat examples; the chief reads the one pipeline.
         dataset = (
             tf.data.Dataset.from_tensor_slices((x, y))
-            .shuffle(NUM_EXAMPLES)
-            .batch(BATCH_SIZE)
+            .shuffle(ps_counting.NUM_EXAMPLES)
+            .batch(ps_counting.BATCH_SIZE)
         )
         callback = Batches()
         history = model.fit(dataset, epochs=2, callbacks=[callback], verbose=0)
-        reference, _ = _build(keras, tf.distribute.get_strategy())
+        reference, _ = ps_counting.build(keras, tf.distribute.get_strategy())
         reference.set_weights(model.get_weights())
         return {
             "iterations": int(model.optimizer.iterations.numpy()),
@@ -142,27 +69,27 @@ def fit_scenarios() -> dict[str, object]:
             "epoch_logs": callback.epoch_logs,
             "history": history.history,
             "counts_per_epoch": [callback.counts[0], callback.counts[1] - callback.counts[0]],
-            "evaluate": model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0),
-            "evaluate_one_device": reference.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0),
-            "predict": model.predict(x, batch_size=BATCH_SIZE, verbose=0),
-            "predict_one_device": reference.predict(x, batch_size=BATCH_SIZE, verbose=0),
+            "evaluate": model.evaluate(x, y, batch_size=ps_counting.BATCH_SIZE, verbose=0),
+            "evaluate_one_device": reference.evaluate(x, y, batch_size=ps_counting.BATCH_SIZE, verbose=0),
+            "predict": model.predict(x, batch_size=ps_counting.BATCH_SIZE, verbose=0),
+            "predict_one_device": reference.predict(x, batch_size=ps_counting.BATCH_SIZE, verbose=0),
             "executions_by_worker": dict(strategy.executions_by_worker),
         }
 
     def steps_per_execution():
-        model, counter = _build(keras, strategy, steps_per_execution=3)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+        model, counter = ps_counting.build(keras, strategy, steps_per_execution=3)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(ps_counting.BATCH_SIZE)
         history = model.fit(dataset, epochs=2, verbose=0)
         return {
             "iterations": int(model.optimizer.iterations.numpy()),
             "counts": counter.counts.numpy(),
             "examples": history.history["examples"],
-            "predict_rows": model.predict(x, batch_size=BATCH_SIZE, verbose=0).shape[0],
+            "predict_rows": model.predict(x, batch_size=ps_counting.BATCH_SIZE, verbose=0).shape[0],
         }
 
     def repeat_and_steps_per_epoch():
-        model, counter = _build(keras, strategy)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH_SIZE)
+        model, counter = ps_counting.build(keras, strategy)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(ps_counting.BATCH_SIZE)
         model.fit(dataset, epochs=3, steps_per_epoch=4, verbose=0)
         return {
             "iterations": int(model.optimizer.iterations.numpy()),
@@ -172,12 +99,12 @@ def fit_scenarios() -> dict[str, object]:
     def dataset_creator():
         # TF's parameter-server tutorial: fit(DatasetCreator(dataset_fn),
         # steps_per_epoch=...). tf-keras only (Keras 3 has no DatasetCreator).
-        if KERAS_3:
+        if ps_counting.KERAS_3:
             return {"skipped": True}
-        model, counter = _build(keras, strategy, steps_per_execution=2)
+        model, counter = ps_counting.build(keras, strategy, steps_per_execution=2)
 
         def dataset_fn(input_context):
-            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH_SIZE)
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(ps_counting.BATCH_SIZE)
 
         creator = keras.utils.experimental.DatasetCreator(dataset_fn)
         model.fit(creator, epochs=2, steps_per_epoch=4, verbose=0)
@@ -187,12 +114,12 @@ def fit_scenarios() -> dict[str, object]:
         }
 
     def checkpoint_callbacks():
-        model, _ = _build(keras, strategy)
+        model, _ = ps_counting.build(keras, strategy)
         directory = tempfile.mkdtemp(prefix="tfdist-ps-fit-")
         backup = os.path.join(directory, "backup")
         checkpoint = os.path.join(
             directory,
-            "model-{epoch}.weights.h5" if KERAS_3 else "model-{epoch}.ckpt",
+            "model-{epoch}.weights.h5" if ps_counting.KERAS_3 else "model-{epoch}.ckpt",
         )
 
         class StopAtEpoch(keras.callbacks.Callback):
@@ -200,7 +127,7 @@ def fit_scenarios() -> dict[str, object]:
                 if epoch == 2:
                     raise RuntimeError("interrupted")
 
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(ps_counting.BATCH_SIZE)
         first = [
             keras.callbacks.BackupAndRestore(backup),
             keras.callbacks.ModelCheckpoint(checkpoint, save_weights_only=True),
@@ -212,7 +139,7 @@ def fit_scenarios() -> dict[str, object]:
         except RuntimeError:
             pass
         iterations_at_interrupt = int(model.optimizer.iterations.numpy())
-        resumed, _ = _build(keras, strategy)
+        resumed, _ = ps_counting.build(keras, strategy)
         history = resumed.fit(
             dataset, epochs=4, callbacks=[keras.callbacks.BackupAndRestore(backup)], verbose=0
         )
@@ -225,15 +152,15 @@ def fit_scenarios() -> dict[str, object]:
         }
 
     def train_on_batch():
-        model, _ = _build(keras, strategy)
+        model, _ = ps_counting.build(keras, strategy)
         logs = [
-            model.train_on_batch(x[:BATCH_SIZE], y[:BATCH_SIZE], return_dict=True)
+            model.train_on_batch(x[:ps_counting.BATCH_SIZE], y[:ps_counting.BATCH_SIZE], return_dict=True)
             for _ in range(3)
         ]
         return {"iterations": int(model.optimizer.iterations.numpy()), "logs": logs}
 
     def many_small_steps():
-        model, _ = _build(keras, strategy)
+        model, _ = ps_counting.build(keras, strategy)
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(2)
         model.fit(dataset, epochs=1, verbose=0)
         return {
@@ -246,7 +173,7 @@ def fit_scenarios() -> dict[str, object]:
         # ClusterCoordinator of the user's own, per-worker datasets, steps
         # scheduled on both workers at once.
         with strategy.scope():
-            model = keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(1)])
+            model = keras.Sequential([keras.Input((ps_counting.NUM_FEATURES,)), keras.layers.Dense(1)])
             optimizer = keras.optimizers.SGD(0.01)
             loss_metric = keras.metrics.Mean()
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -283,14 +210,14 @@ def fit_scenarios() -> dict[str, object]:
             "metric_count": float(loss_metric.count.numpy()),
         }
 
-    _scenario(record, "finite_dataset", finite_dataset)
-    _scenario(record, "custom_loop", custom_loop)
-    _scenario(record, "many_small_steps", many_small_steps)
-    _scenario(record, "steps_per_execution", steps_per_execution)
-    _scenario(record, "repeat_and_steps_per_epoch", repeat_and_steps_per_epoch)
-    _scenario(record, "dataset_creator", dataset_creator)
-    _scenario(record, "checkpoint_callbacks", checkpoint_callbacks)
-    _scenario(record, "train_on_batch", train_on_batch)
+    ps_counting.run_scenario(record, "finite_dataset", finite_dataset)
+    ps_counting.run_scenario(record, "custom_loop", custom_loop)
+    ps_counting.run_scenario(record, "many_small_steps", many_small_steps)
+    ps_counting.run_scenario(record, "steps_per_execution", steps_per_execution)
+    ps_counting.run_scenario(record, "repeat_and_steps_per_epoch", repeat_and_steps_per_epoch)
+    ps_counting.run_scenario(record, "dataset_creator", dataset_creator)
+    ps_counting.run_scenario(record, "checkpoint_callbacks", checkpoint_callbacks)
+    ps_counting.run_scenario(record, "train_on_batch", train_on_batch)
     record["steps_rerun"] = strategy.steps_rerun
     return record
 
@@ -311,10 +238,10 @@ class ParameterServerFitTest(tf.test.TestCase):
 
     def test_finite_dataset_trains_each_batch_once_per_epoch(self):
         result = self.scenario("finite_dataset")
-        self.assertEqual(result["iterations"], 2 * NUM_BATCHES)
-        self.assertEqual(result["batch_ends"], 2 * NUM_BATCHES)
+        self.assertEqual(result["iterations"], 2 * ps_counting.NUM_BATCHES)
+        self.assertEqual(result["batch_ends"], 2 * ps_counting.NUM_BATCHES)
         for counts in result["counts_per_epoch"]:
-            np.testing.assert_array_equal(counts, np.ones(NUM_EXAMPLES, np.int32))
+            np.testing.assert_array_equal(counts, np.ones(ps_counting.NUM_EXAMPLES, np.int32))
 
     def test_steps_run_on_every_worker(self):
         by_worker = self.scenario("finite_dataset")["executions_by_worker"]
@@ -323,16 +250,16 @@ class ParameterServerFitTest(tf.test.TestCase):
 
     def test_epoch_metrics_count_every_worker(self):
         result = self.scenario("finite_dataset")
-        self.assertEqual(result["history"]["examples"], [NUM_EXAMPLES] * 2)
+        self.assertEqual(result["history"]["examples"], [ps_counting.NUM_EXAMPLES] * 2)
         for logs in result["epoch_logs"]:
-            self.assertEqual(logs["examples"], NUM_EXAMPLES)
+            self.assertEqual(logs["examples"], ps_counting.NUM_EXAMPLES)
 
     def test_counters_updated_by_both_workers_at_once_are_exact(self):
         # Keras 3's assign_add is read-modify-write: without tfdist's fix,
         # concurrent steps lose counts (the note's 150 steps counted as 126).
         result = self.scenario("many_small_steps")
-        self.assertEqual(result["iterations"], NUM_EXAMPLES // 2)
-        self.assertEqual(result["examples"], NUM_EXAMPLES)
+        self.assertEqual(result["iterations"], ps_counting.NUM_EXAMPLES // 2)
+        self.assertEqual(result["examples"], ps_counting.NUM_EXAMPLES)
 
     def test_custom_loop_on_the_coordinator_counts_every_step(self):
         # Keras 3 counters in a custom loop: without tfdist's creation-time
@@ -348,7 +275,7 @@ class ParameterServerFitTest(tf.test.TestCase):
         one_device = dict(zip(["loss", "accuracy", "examples"], result["evaluate_one_device"]))
         self.assertAllClose(distributed["loss"], one_device["loss"], rtol=1e-5)
         self.assertAllClose(distributed["accuracy"], one_device["accuracy"], rtol=1e-6)
-        self.assertEqual(distributed["examples"], NUM_EXAMPLES)
+        self.assertEqual(distributed["examples"], ps_counting.NUM_EXAMPLES)
 
     def test_predict_returns_rows_in_order(self):
         result = self.scenario("finite_dataset")
@@ -356,27 +283,27 @@ class ParameterServerFitTest(tf.test.TestCase):
 
     def test_steps_per_execution_with_a_partial_last_group(self):
         result = self.scenario("steps_per_execution")
-        self.assertEqual(result["iterations"], 2 * NUM_BATCHES)  # 7 = 3 + 3 + 1
-        np.testing.assert_array_equal(result["counts"], np.full(NUM_EXAMPLES, 2, np.int32))
-        self.assertEqual(result["examples"], [NUM_EXAMPLES] * 2)
-        self.assertEqual(result["predict_rows"], NUM_EXAMPLES)
+        self.assertEqual(result["iterations"], 2 * ps_counting.NUM_BATCHES)  # 7 = 3 + 3 + 1
+        np.testing.assert_array_equal(result["counts"], np.full(ps_counting.NUM_EXAMPLES, 2, np.int32))
+        self.assertEqual(result["examples"], [ps_counting.NUM_EXAMPLES] * 2)
+        self.assertEqual(result["predict_rows"], ps_counting.NUM_EXAMPLES)
 
     def test_repeat_and_steps_per_epoch_as_in_tf_tutorials(self):
         result = self.scenario("repeat_and_steps_per_epoch")
         self.assertEqual(result["iterations"], 12)
-        self.assertEqual(result["trained"], 12 * BATCH_SIZE)
+        self.assertEqual(result["trained"], 12 * ps_counting.BATCH_SIZE)
 
-    @pytest.mark.skipif(KERAS_3, reason="DatasetCreator is tf-keras only")
+    @pytest.mark.skipif(ps_counting.KERAS_3, reason="DatasetCreator is tf-keras only")
     def test_dataset_creator_and_steps_per_epoch_as_in_tf_tutorial(self):
         result = self.scenario("dataset_creator")
         self.assertEqual(result["iterations"], 8)
-        self.assertEqual(result["trained"], 8 * BATCH_SIZE)
+        self.assertEqual(result["trained"], 8 * ps_counting.BATCH_SIZE)
 
     def test_backup_and_restore_resumes_after_an_interruption(self):
         result = self.scenario("checkpoint_callbacks")
-        self.assertEqual(result["iterations_at_interrupt"], 2 * NUM_BATCHES)
+        self.assertEqual(result["iterations_at_interrupt"], 2 * ps_counting.NUM_BATCHES)
         self.assertEqual(result["resumed_epochs"], 2)
-        self.assertEqual(result["resumed_iterations"], 4 * NUM_BATCHES)
+        self.assertEqual(result["resumed_iterations"], 4 * ps_counting.NUM_BATCHES)
 
     def test_model_checkpoint_and_tensorboard_write(self):
         result = self.scenario("checkpoint_callbacks")
@@ -386,7 +313,7 @@ class ParameterServerFitTest(tf.test.TestCase):
     def test_train_on_batch_returns_that_batch_logs(self):
         result = self.scenario("train_on_batch")
         self.assertEqual(result["iterations"], 3)
-        self.assertEqual([logs["examples"] for logs in result["logs"]], [BATCH_SIZE] * 3)
+        self.assertEqual([logs["examples"] for logs in result["logs"]], [ps_counting.BATCH_SIZE] * 3)
 
     def test_no_step_was_rerun(self):
         self.assertEqual(self.record["steps_rerun"], 0)

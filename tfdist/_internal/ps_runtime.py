@@ -25,6 +25,8 @@ Private TF API used (tested range: see setup.py):
   `_error` (the pending error of a scheduled function);
 - `cluster_coordinator.PSUnavailableError`: TF's error for a lost ps;
 - `sharded_variable.ShardedVariable`: the class of a partitioned variable;
+- `cluster_coordinator._select_worker_slice` and `_maybe_as_type_spec`:
+  the spec a function traced on the chief takes for a per-worker iterator;
 - `coordinator_context.get_current_dispatch_context`: which worker's
   thread runs the current closure (TF's public accessor works only while
   tracing).
@@ -64,6 +66,7 @@ __all__ = [
     "schedule_python",
     "server_config",
     "wait_idle",
+    "worker_value_spec",
 ]
 
 #: TF's variable split over ps tasks (what a `variable_partitioner` makes).
@@ -305,6 +308,18 @@ def schedule_python(
     """
     with coordinator.strategy.scope():
         return coordinator._cluster.schedule(function, args=args, kwargs=None)
+
+
+def worker_value_spec(value: Any) -> Any:
+    """What a function traced on the chief takes for a per-worker value (TF's own closures do this).
+
+    For `iter(coordinator.create_per_worker_dataset(...))`, the spec of one
+    worker's iterator; a function traced with it runs on any worker, with
+    that worker's iterator. Other values are returned as they are.
+    """
+    return _cluster_coordinator._maybe_as_type_spec(
+        _cluster_coordinator._select_worker_slice(0, value)
+    )
 
 
 def current_worker_index() -> int:

@@ -1,4 +1,4 @@
-"""tfdist's uses of tf.data internals: reading a pipeline's graph.
+"""tfdist's uses of tf.data: reading a pipeline's graph (TF internals), starting a tf.data service.
 
 Private TF API used (tested range: see setup.py):
 
@@ -17,7 +17,10 @@ Private TF API used (tested range: see setup.py):
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
+from absl import logging
 from tensorflow.core.framework import dataset_options_pb2 as _options_pb2
 from tensorflow.python.data.experimental.ops import distribute as _data_distribute
 
@@ -26,7 +29,11 @@ __all__ = [
     "dataset_from_graph",
     "options_allow_reordering",
     "pipeline_graph",
+    "start_local_service",
 ]
+
+#: Abandoned service jobs (e.g. Keras's peek at one batch) are freed after this long.
+_JOB_GC_TIMEOUT_MS = 30_000
 
 
 def pipeline_graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef:
@@ -72,3 +79,28 @@ def dataset_from_graph(graph: tf.compat.v1.GraphDef, element_spec: object) -> tf
     """
     variant = tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
     return tf.data.experimental.from_variant(variant, element_spec)
+
+
+def start_local_service(host: str) -> tuple[tuple[Any, Any], str]:
+    """Starts a tf.data dispatcher and one tf.data worker in this process.
+
+    Both listen on free ports (TF's gRPC servers accept connections on
+    every interface); the worker tells readers to fetch from `host`.
+    Returns the two servers (they stop when garbage-collected: keep them)
+    and the dispatcher's address, `host:port`.
+    """
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer(
+        service.DispatcherConfig(port=0, job_gc_timeout_ms=_JOB_GC_TIMEOUT_MS)
+    )
+    port = int(dispatcher.target.rsplit(":", 1)[1])
+    worker = service.WorkerServer(
+        service.WorkerConfig(
+            dispatcher_address=f"localhost:{port}",
+            worker_address=f"{host}:%port%",
+            port=0,
+        )
+    )
+    address = f"{host}:{port}"
+    logging.info("tfdist: input served by a tf.data service at %s.", address)
+    return (dispatcher, worker), address

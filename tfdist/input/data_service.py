@@ -39,11 +39,11 @@ import secrets
 from typing import Any
 
 import tensorflow as tf
-from absl import logging
 
 from tfdist import errors
 from tfdist._internal import coordination
 from tfdist._internal import input_values
+from tfdist._internal import tf_data
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import spec as spec_lib
 from tfdist.data import splitting
@@ -53,8 +53,6 @@ from tfdist.input import split
 
 __all__ = ["ChiefInputService"]
 
-#: Abandoned jobs (e.g. Keras's peek at one batch) are freed after this long.
-_JOB_GC_TIMEOUT_MS = 30_000
 _KEY_PREFIX = "tfdist/input_service"
 
 
@@ -166,24 +164,8 @@ class ChiefInputService:
         """Starts the chief's dispatcher and tf.data worker once; their address."""
         if self._address is not None:
             return self._address
-        service = tf.data.experimental.service
-        dispatcher = service.DispatchServer(
-            service.DispatcherConfig(port=0, job_gc_timeout_ms=_JOB_GC_TIMEOUT_MS)
-        )
-        port = int(dispatcher.target.rsplit(":", 1)[1])
-        worker = service.WorkerServer(
-            service.WorkerConfig(
-                dispatcher_address=f"localhost:{port}",
-                worker_address=f"{self._chief_host}:%port%",
-                port=0,
-            )
-        )
-        self._servers = (dispatcher, worker)
-        self._address = f"{self._chief_host}:{port}"
+        self._servers, self._address = tf_data.start_local_service(self._chief_host)
         coordination.set_key(f"{self._prefix}/address", self._address)
-        logging.info(
-            "tfdist: input served by the chief's tf.data service at %s.", self._address
-        )
         return self._address
 
     def _wait_for(self, key: str, what: str) -> str:

@@ -10,6 +10,8 @@ Modules, one job each:
 - `sync_runner`: synchronous steps (each batch split over the workers,
   gradients summed, applied once).
 - `keras_loop`: Keras's `fit`/`evaluate`/`predict` on the cluster.
+- `service_input`: workers reading their batches from a tf.data service
+  (`input_service=`) instead of receiving them from the chief.
 - `step_ledger`: which scheduled steps finished, so that a failed worker's
   finished step is not run again.
 - `update_gate`: each update of a step applied once, so that a step cut

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tfdist._internal import keras_ps
+from tfdist.parameter_server import service_input
 
 __all__ = ["ChiefDataset", "ChiefIterator", "KerasLoop", "StepRunner"]
 
@@ -218,6 +219,8 @@ class KerasLoop:
       runner: Where the steps run (`StepRunner`).
       exact_counters: Called with the model's variables before each trace
         (Keras 3's non-atomic counters; see `keras_ps.make_counters_exact`).
+      reading: Runs the steps of datasets the workers read from a tf.data
+        service (`service_input`), if the strategy has one.
     """
 
     def __init__(
@@ -227,10 +230,12 @@ class KerasLoop:
         runner: StepRunner,
         *,
         exact_counters: Callable[[Sequence[Any]], None],
+        reading: service_input.ReadingSteps | None = None,
     ) -> None:
         self._strategy = strategy
         self._model = model
         self._runner = runner
+        self._reading = reading
         self._keras3 = keras_ps.is_keras3_model(model)
         self._exact_counters = exact_counters
         self._compiled: dict[tuple[str, str], Callable[..., Any]] = {}
@@ -247,8 +252,10 @@ class KerasLoop:
         )
 
     def wait_all(self) -> None:
-        """Waits for every step in flight (the epoch barrier)."""
+        """Waits for every step in flight (the epoch barrier); drains service reads."""
         self._runner.wait_all()
+        if self._reading is not None:
+            self._reading.drain()
         self._logs = None
 
     def _variables(self) -> list[Any]:
@@ -259,13 +266,16 @@ class KerasLoop:
             found += list(getattr(optimizer, "variables", ()))
         return found
 
+    def _before_trace(self) -> None:
+        if self._keras3:  # tf-keras's counters are atomic (and an unbuilt
+            # model's `variables` raise there: the trace builds it).
+            self._exact_counters(self._variables())
+
     def _function(self, kind: str, batches: tuple[Any, ...]) -> Callable[..., Any]:
         key, specs = _signature(batches)
         compiled = self._compiled.get((kind, key))
         if compiled is None:
-            if self._keras3:  # tf-keras's counters are atomic (and an unbuilt
-                # model's `variables` raise there: the trace builds it).
-                self._exact_counters(self._variables())
+            self._before_trace()
             if kind not in self._functions:
                 self._functions[kind] = self._runner.compile(kind, self._model, self._keras3)
             with self._strategy.scope():
@@ -275,11 +285,33 @@ class KerasLoop:
             self._compiled[(kind, key)] = compiled
         return compiled
 
+    def _reading_function(
+        self, kind: str, iterator: service_input.ServiceIterator, count: int
+    ) -> Callable[..., Any]:
+        assert self._reading is not None
+        spec = self._reading.reader_spec(iterator.readers())
+        key = (f"read-{kind}", f"{count}:{spec!r}")
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            self._before_trace()
+            function = self._reading.compile(kind, self._model, count, keras3=self._keras3)
+            with self._strategy.scope():
+                compiled = function.get_concrete_function(spec)
+            self._compiled[key] = compiled
+        return compiled
+
     def _run_steps(self, kind: str, iterator: Any) -> Any:
-        synchronous = not isinstance(iterator, ChiefIterator) or iterator.synchronous
         count = keras_ps.steps_per_execution(self._model)
-        batches = _pull(iterator, count)
-        handle = self._runner.submit(self._function(kind, batches), batches, count)
+        if isinstance(iterator, service_input.ServiceIterator):
+            assert self._reading is not None
+            synchronous = False
+            handle = self._reading.submit(
+                iterator, self._reading_function(kind, iterator, count), count
+            )
+        else:
+            synchronous = not isinstance(iterator, ChiefIterator) or iterator.synchronous
+            batches = _pull(iterator, count)
+            handle = self._runner.submit(self._function(kind, batches), batches, count)
         finished = self._runner.finished()
         now = time.monotonic()
         if synchronous or self._logs is None:
@@ -294,6 +326,8 @@ class KerasLoop:
     def _logs_of(self, handle: Any) -> Any:
         """A finished step's logs; for a step not run again (None), the latest logs known."""
         logs = self._runner.result(handle)
+        if isinstance(logs, service_input.Read):
+            logs = logs.logs
         if logs is not None:
             return logs
         if self._logs is not None:

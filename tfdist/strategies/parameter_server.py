@@ -41,6 +41,7 @@ from tfdist.parameter_server import keras_loop
 from tfdist.parameter_server import partitioning
 from tfdist.parameter_server import roles
 from tfdist.parameter_server import scheduler as scheduler_lib
+from tfdist.parameter_server import service_input
 from tfdist.parameter_server import sync_runner
 from tfdist.parameter_server import update_gate
 from tfdist.watchdog import startup
@@ -113,7 +114,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
     Input: Keras's `fit` gets the dataset as on one device; the chief reads
     it and sends each batch with the step that trains on it, so every
-    batch is trained on once per epoch, in `async` mode too.
+    batch is trained on once per epoch, in `async` mode too. With
+    `input_service`, the workers read it from a tf.data service instead
+    (once per epoch without faults; at most once when a worker dies).
 
     Args:
       cluster: A `tfdist.cluster.ClusterConfig`, a TF_CONFIG JSON string or
@@ -151,15 +154,32 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         benchmarks/RESULTS.md). False: a step cut short by a worker's
         death may apply the updates it had sent twice (finished steps are
         still never run again).
+      input_service: Where `fit` and `evaluate` input is read. None
+        (default): the chief reads it (any dataset; exactly once per
+        epoch). "chief": a tf.data dispatcher and worker started in the
+        chief's process serve it and each worker reads its own batches (the
+        chief sends steps only). "grpc://host:port": your own tf.data
+        service's dispatcher (its workers run the pipeline; TF's
+        "distributed_epoch" mode, so the source must be splittable).
+        Async mode only; the dataset's cardinality must be known (or
+        infinite, with `steps_per_epoch`). Without faults each element is
+        trained on once per epoch; a worker that dies loses the batches
+        it had fetched. A seeded shuffle repeats its order every epoch. See
+        `tfdist/parameter_server/service_input.py`. `predict` and
+        `*_on_batch` always read on the chief.
 
     Raises:
       ConfigError: For an unknown `mode`, a negative or misplaced
-        `max_staleness`, a non-positive `timeout_s`, the evaluator task, or
-        `cluster` and `cluster_resolver` both given.
+        `max_staleness`, a non-positive `timeout_s`, an `input_service`
+        that is not "chief" or "grpc://host:port" or one with
+        `mode="sync"`, the evaluator task, or `cluster` and
+        `cluster_resolver` both given. Later, from `fit`/`evaluate` with
+        an `input_service`: a dataset of unknown cardinality.
       ClusterConfigError: If TF_CONFIG (or `cluster`) is invalid, has no
         chief, worker or ps job, or this task's address is in use.
       TypeError: For a `max_staleness` not an int, a `variable_partitioner`
-        not callable (nor None or "whole"), or an `exactly_once` not a bool.
+        not callable (nor None or "whole"), an `exactly_once` not a bool,
+        or an `input_service` not a str (nor None).
       WorkerUnavailableError: If a worker or ps task does not start within
         `timeout_s`; names it.
 
@@ -181,6 +201,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         variable_partitioner: Any = None,
         timeout_s: float | None = None,
         exactly_once: bool = True,
+        input_service: str | None = None,
     ) -> None:
         # dict[str, Any]: TF_CONFIG is free-form JSON; parse_tf_config checks it.
         # Any (variable_partitioner): a TF partitioner is any callable.
@@ -191,6 +212,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         )
         partitioning.resolve(variable_partitioner, num_ps=1)  # Checked before anything starts.
         validation.check_bool("exactly_once", exactly_once)
+        service_target = service_input.check(input_service, mode)
         config = resolver_lib.resolve_cluster(
             _coordinator_as_chief(cluster), _coordinator_as_chief(cluster_resolver)
         )
@@ -246,6 +268,16 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             )
         else:
             self._runner = async_runner.AsyncRunner(self, self._scheduler, self._update_gate)
+        self._input_service = (
+            None if service_target is None else service_input.InputService(service_target, config)
+        )
+        self._reading = (
+            None
+            if service_target is None
+            else service_input.ReadingSteps(
+                self, self._scheduler, len(config.cluster.addresses("worker"))
+            )
+        )
 
     def scope(self) -> Any:
         """TF's scope; an op in it that finds a ps task lost raises `WorkerUnavailableError` naming it.
@@ -362,7 +394,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             return super().distribute_datasets_from_function(dataset_fn, options)
         return self._chief_dataset(call, dataset_fn(tf.distribute.InputContext()))
 
-    def _chief_dataset(self, call: keras_ps.KerasCall, dataset: Any) -> keras_loop.ChiefDataset:
+    def _chief_dataset(
+        self, call: keras_ps.KerasCall, dataset: Any
+    ) -> tf.distribute.DistributedDataset:
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(
                 f"{call.method} was given data the strategy cannot read: "
@@ -370,6 +404,10 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
                 "expected a tf.data.Dataset (Keras makes one from arrays)."
             )
         self._loop_for(call.model)
+        if self._input_service is not None and call.method in ("fit", "evaluate"):
+            return service_input.ServiceDataset(
+                dataset, self._input_service, self._coordinator, call.method
+            )
         return keras_loop.ChiefDataset(
             dataset, synchronous=call.method.endswith("_on_batch")
         )
@@ -379,7 +417,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         if isinstance(owner, keras_loop.KerasLoop):
             return owner
         return keras_loop.KerasLoop(
-            self, model, self._runner, exact_counters=self._make_counters_exact
+            self,
+            model,
+            self._runner,
+            exact_counters=self._make_counters_exact,
+            reading=self._reading,
         )
 
     def _make_counters_exact(self, variables: Sequence[Any]) -> None:

@@ -58,6 +58,17 @@ class BadArgumentTest(parameterized.TestCase):
             "max_staleness=2",
         ),
         ("zero_timeout", {"timeout_s": 0}, "timeout_s=0"),
+        ("unknown_input_service", {"input_service": "local"}, "input_service='local'"),
+        (
+            "input_service_without_port",
+            {"input_service": "grpc://dispatcher"},
+            "input_service='grpc://dispatcher'",
+        ),
+        (
+            "input_service_in_sync_mode",
+            {"mode": "sync", "input_service": "chief"},
+            "mode='sync'",
+        ),
     )
     def test_bad_value_raises_config_error_naming_it(self, kwargs, named):
         with self.assertRaises(errors.ConfigError) as caught:
@@ -69,6 +80,7 @@ class BadArgumentTest(parameterized.TestCase):
         ("staleness_bool", {"max_staleness": True}),
         ("partitioner_not_callable", {"variable_partitioner": 256}),
         ("exactly_once_int", {"exactly_once": 1}),
+        ("input_service_bool", {"input_service": True}),
     )
     def test_wrong_type_raises_type_error(self, kwargs):
         with self.assertRaises(TypeError):
