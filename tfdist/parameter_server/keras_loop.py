@@ -34,9 +34,11 @@ updates are atomic, see `keras_ps.make_counters_exact`).
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -236,6 +238,12 @@ class KerasLoop:
         self._model = model
         self._runner = runner
         self._reading = reading
+        # Passes the workers read from the service, by kind, and the kind
+        # of the latest steps (whose loop the next barrier ends).
+        self._passes: dict[str, weakref.WeakSet[service_input.ServiceIterator]] = (
+            collections.defaultdict(weakref.WeakSet)
+        )
+        self._latest_kind: str | None = None
         self._keras3 = keras_ps.is_keras3_model(model)
         self._exact_counters = exact_counters
         self._compiled: dict[tuple[str, str], Callable[..., Any]] = {}
@@ -252,10 +260,19 @@ class KerasLoop:
         )
 
     def wait_all(self) -> None:
-        """Waits for every step in flight (the epoch barrier); drains service reads."""
+        """Waits for every step in flight (the epoch barrier).
+
+        Then, for the loop that is ending (the kind of the latest steps),
+        settles its passes over a tf.data service: their steps train on as
+        many batches as they asked for, and a pass asked for all of its
+        batches trains on every one (`service_input.ReadingSteps.settle`).
+        """
         self._runner.wait_all()
-        if self._reading is not None:
-            self._reading.drain()
+        kind = self._latest_kind
+        if self._reading is not None and kind is not None:
+            for iterator in list(self._passes[kind]):
+                if not iterator.drained:
+                    self._reading.settle(iterator, self._reading_function(kind, iterator, 1))
         self._logs = None
 
     def _variables(self) -> list[Any]:
@@ -302,12 +319,16 @@ class KerasLoop:
 
     def _run_steps(self, kind: str, iterator: Any) -> Any:
         count = keras_ps.steps_per_execution(self._model)
+        self._latest_kind = kind
         if isinstance(iterator, service_input.ServiceIterator):
             assert self._reading is not None
+            if iterator.exhausted:  # As a dataset's iterator at its end.
+                raise StopIteration
             synchronous = False
             handle = self._reading.submit(
                 iterator, self._reading_function(kind, iterator, count), count
             )
+            self._passes[kind].add(iterator)
         else:
             synchronous = not isinstance(iterator, ChiefIterator) or iterator.synchronous
             batches = _pull(iterator, count)
@@ -326,8 +347,9 @@ class KerasLoop:
     def _logs_of(self, handle: Any) -> Any:
         """A finished step's logs; for a step not run again (None), the latest logs known."""
         logs = self._runner.result(handle)
-        if isinstance(logs, service_input.Read):
-            logs = logs.logs
+        if isinstance(logs, service_input.Read):  # Read from a service.
+            # Nothing read: no step ran, the logs are not a step's.
+            logs = logs.logs if int(logs.batches) > 0 or self._logs is None else self._logs
         if logs is not None:
             return logs
         if self._logs is not None:

@@ -11,32 +11,46 @@ and each worker reads its batches from a tf.data service:
                                       workers anywhere: input work scales
                                       past one machine)
 
-    each iterator Keras makes (an epoch)  -> a new service job: the
+    each iterator Keras makes (a pass)    -> a new service job: the
                                              pipeline runs afresh
     train_function(iterator):             # Keras's loop on the chief
         schedule read_steps(the job's readers) on a free worker
     read_steps(reader):                   # on that worker, k = steps_per_execution
         k times: batch = reader.get_next_as_optional()
-                 logs = cond(batch has a value, train_step(batch), metrics so far)
+                 logs = cond(batch has a value, train_step(batch), logs so far)
         return (batches read, logs)
-    epoch barrier (finite data):          # before Keras reads the metrics
-        schedule read_steps until every worker has read past the end
+    epoch barrier:                        # before Keras reads the metrics
+        settle the ending loop's passes (ReadingSteps.settle)
+
+Why settle: a worker's reader fetches batches ahead of its steps (several,
+whatever `max_outstanding_requests` says), so near the end of a job
+another worker's read can find nothing while batches remain in the first
+reader's buffer: that step trained on nothing. (Seen: of 4 batches and 2
+steps, the second step's read was empty; without settling, 8 and 72 of
+200 examples were skipped in a 2-epoch fit.) At the barrier the chief
+counts what the pass's steps read and schedules one-batch steps until
+they trained on as many batches as they asked for; for a pass whose steps
+asked for all of a finite dataset's batches, until every worker's reader
+is past the end of the job (a reader past the end stays there; a worker
+that refuses connections is not waited for).
 
 What holds:
 
-- Without faults, every element of the dataset is trained on once per
-  epoch: a job hands each element to one reader, and the barrier trains
-  on what a reader fetched ahead but had no step for. Keras runs as many
-  steps as the dataset's cardinality says (it must be known, or infinite
-  with `steps_per_epoch`: one job then spans `fit`). With a user's service
-  of several tf.data workers (processing mode "distributed_epoch"), each
-  may end on a partial batch: those batches train in the barrier.
+- Without faults, a pass read to its end trains on every element of the
+  dataset once (Keras runs as many steps as its cardinality says, which
+  must be known; or it is infinite with `steps_per_epoch`: one job spans
+  `fit`). A pass Keras stops early (`steps_per_epoch` or
+  `validation_steps` below the cardinality: the next epoch goes on with
+  it, as on one device; `stop_training`) trains on as many batches as
+  Keras ran steps, none twice. With a user's service of several tf.data
+  workers ("distributed_epoch"), each may end its part on a short batch:
+  more batches than the cardinality, trained at the barrier.
 - A worker that dies loses the batches it had fetched (the step it ran,
-  and up to a few read ahead): each element is trained on at most once.
-  TF runs that step again elsewhere, on the next batch of the job; these
-  steps are not recorded (`step_ledger`) and their updates not gated
-  (`update_gate`), because a re-run trains on other data. The chief-read
-  default is exactly-once.
+  whose updates may have partly landed, and those it read ahead): each
+  element is trained on at most once. TF runs that step again elsewhere,
+  on the next batch of the job; these steps are not recorded
+  (`step_ledger`) and their updates not gated (`update_gate`), because a
+  re-run trains on other data. The chief-read default is exactly-once.
 - Asynchronous mode only: synchronous mode splits each batch the chief
   reads over all workers.
 - A seeded shuffle repeats its order every epoch (each job rebuilds the
@@ -44,9 +58,11 @@ What holds:
   epoch); an unseeded shuffle reshuffles.
 
 `"chief"` runs the pipeline in "parallel_epochs" mode on its one tf.data
-worker (any pipeline); a user's service runs it in "distributed_epoch"
-mode (the source's splits go to its tf.data workers; TF needs a splittable
-source, e.g. files, `range` or `from_tensor_slices`).
+worker, in the chief's process (any pipeline, Python functions included).
+A user's service runs it in "distributed_epoch" mode: the source's splits
+go to its tf.data workers, other processes, so TF needs a splittable
+source (files, `range`, `from_tensor_slices`) and no Python
+(`from_generator`, `py_function`).
 
 Contract: called from the thread running Keras's loop, as the scheduler's
 methods are.
@@ -54,6 +70,7 @@ methods are.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import secrets
 import time
@@ -68,6 +85,7 @@ from tfdist.cluster import ClusterConfig
 from tfdist.cluster import spec as spec_lib
 from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import scheduler as scheduler_lib
+from tfdist.watchdog import startup
 
 __all__ = ["CHIEF", "InputService", "Read", "ServiceDataset", "ServiceIterator", "check"]
 
@@ -76,6 +94,11 @@ CHIEF = "chief"
 _SCHEME = "grpc://"
 #: Batches a worker's reader requests ahead of its steps (lost if it dies).
 _READ_AHEAD = 1
+#: First and longest pause, seconds, after a settling round that made no progress.
+_SETTLE_PAUSE_S = 0.01
+_SETTLE_PAUSE_MAX_S = 0.5
+#: Finished steps of a pass whose reads are counted only at the barrier.
+_UNSETTLED_MAX = 256
 
 
 def check(input_service: object, mode: str) -> str | None:
@@ -157,7 +180,8 @@ class Read(NamedTuple):
     Attributes:
       batches: int32 scalar, the batches it trained on (fewer than it
         tried: its reader is past the end of the job).
-      logs: The last step's logs (the metrics so far after a missed read).
+      logs: The last step's logs (after a missed read, those of the step
+        before it in the function, else the metrics so far).
     """
 
     batches: Any
@@ -169,21 +193,37 @@ class ServiceIterator:
 
     The job and the workers' readers are made at the first step; a peek
     with `next()` (Keras builds a model from one batch) reads on the chief
-    instead, from a pipeline of its own.
+    instead, from a pipeline of its own. Keras keeps a pass across epochs
+    when `steps_per_epoch` is less than the dataset's batches (as on one
+    device, the next epoch goes on where the last one stopped).
+
+    Attributes:
+      requested: Batches the steps scheduled on this pass asked for.
+      trained: Batches its settled steps read and trained on.
+      unsettled: Steps scheduled since the last `ReadingSteps.settle`.
+      drained: Whether the pass was read to its end and closed.
     """
 
     def __init__(self, owner: ServiceDataset) -> None:
         self._owner = owner
         self._readers: Any = None
         self._chief_iterator: Any = None
+        self.requested = 0
+        self.trained = 0
+        self.unsettled: collections.deque[scheduler_lib.Step] = collections.deque()
         self.drained = False
 
     @property
-    def finite(self) -> bool:
-        return self._owner.cardinality != tf.data.INFINITE_CARDINALITY
+    def exhausted(self) -> bool:
+        """Whether steps asked for every batch of a finite dataset (the job is then at its end,
+        but for what readers fetched ahead)."""
+        cardinality = self._owner.cardinality
+        return cardinality != tf.data.INFINITE_CARDINALITY and self.requested >= cardinality
 
     def readers(self) -> Any:
         """Each worker's reader of this pass's job (a per-worker iterator)."""
+        if self.drained:
+            raise StopIteration
         if self._readers is None:
             self._readers = self._owner.start_job()
         return self._readers
@@ -191,6 +231,7 @@ class ServiceIterator:
     def close(self) -> None:
         """Drops the readers (the job ends on the service when they are freed)."""
         self._readers = None
+        self.drained = True
 
     def __iter__(self) -> ServiceIterator:
         return self
@@ -280,24 +321,25 @@ class ServiceDataset(tf.distribute.DistributedDataset):
 
 
 class ReadingSteps:
-    """Compiles, schedules and drains steps that read their batches on the workers.
+    """Compiles, schedules and settles steps that read their batches on the workers.
 
     Args:
       strategy: The strategy (steps traced and scheduled in its scope).
       scheduler: Where steps are queued (shared with the chief-read steps).
-      num_workers: Workers of the cluster.
+      config: The cluster (its workers; probed for lost ones while draining).
     """
 
     def __init__(
         self,
         strategy: tf.distribute.Strategy,
         scheduler: scheduler_lib.StepScheduler,
-        num_workers: int,
+        config: ClusterConfig,
     ) -> None:
+        assert config.cluster is not None
         self._strategy = strategy
         self._scheduler = scheduler
-        self._num_workers = num_workers
-        self._open: dict[int, tuple[ServiceIterator, Any, int]] = {}
+        self._config = config
+        self._num_workers = len(config.cluster.addresses("worker"))
 
     def compile(self, kind: str, model: Any, count: int, *, keras3: bool) -> Any:
         """`reader -> Read`: `count` steps of `kind` of `model`, each reading its batch.
@@ -314,13 +356,21 @@ class ReadingSteps:
         return ps_runtime.worker_value_spec(readers)
 
     def submit(self, iterator: ServiceIterator, compiled: Any, count: int) -> scheduler_lib.Step:
-        """Schedules `compiled` (from `compile`) on `iterator`'s readers; its `Step`.
+        """Schedules `compiled` (from `compile`, `count` reads) on `iterator`'s readers; its `Step`.
 
-        The step's result is a `Read`. The iterator is drained at the next
-        `drain` (if finite).
+        The step's result is a `Read`. Raises StopIteration if the pass
+        was drained.
         """
-        self._open[id(iterator)] = (iterator, compiled, count)
-        return self._schedule(compiled, iterator.readers(), count)
+        step = self._schedule(compiled, iterator.readers(), count)
+        iterator.requested += count
+        iterator.unsettled.append(step)
+        while len(iterator.unsettled) > _UNSETTLED_MAX and iterator.unsettled[0].done.is_set():
+            iterator.trained += self._batches_read(iterator.unsettled.popleft())
+        return step
+
+    def _batches_read(self, step: scheduler_lib.Step) -> int:
+        """What a finished reading step trained on (its output is on the chief already)."""
+        return int(self._scheduler.result(step).batches)
 
     def _schedule(self, compiled: Any, readers: Any, count: int) -> scheduler_lib.Step:
         with self._strategy.scope():
@@ -328,41 +378,66 @@ class ReadingSteps:
                 compiled, (readers,), num_steps=count, steps_per_function=count
             )
 
-    def drain(self) -> None:
-        """Trains on what the readers of finite passes still hold; then drops them.
+    def settle(self, iterator: ServiceIterator, one_batch: Any) -> None:
+        """Makes a pass's steps have trained on as many batches as they asked for.
 
-        Called at the epoch barrier, after every scheduled step finished:
-        schedules reading steps, a round of one per worker at a time, until
-        a step on each worker found its reader past the end (at most
-        `timeout_s` of the scheduler, else `CollectiveTimeoutError`).
+        Called at the epoch barrier, after every scheduled step finished.
+        A worker's reader fetches ahead, so another worker's read can find
+        nothing while batches remain (the job handed them all out): that
+        step trained on nothing. This schedules `one_batch` (a function of
+        `compile` with one read) until the pass's steps trained on as many
+        batches as they asked for; for a pass whose steps asked for all of
+        a finite dataset's batches, until each worker's reader is past the
+        end, then closes it (every batch once). A worker that refuses
+        connections is not waited for (what its reader held is lost with
+        it). Bounded by `timeout_s` (`CollectiveTimeoutError`).
         """
-        for key, (iterator, compiled, count) in list(self._open.items()):
-            if not iterator.finite:
-                continue  # One job spans fit: what is read ahead stays for the next epoch.
-            del self._open[key]
-            self._drain(iterator, compiled, count)
-            iterator.close()
-
-    def _drain(self, iterator: ServiceIterator, compiled: Any, count: int) -> None:
+        if iterator.drained:
+            return
+        while iterator.unsettled:
+            iterator.trained += self._batches_read(iterator.unsettled.popleft())
+        to_the_end = iterator.exhausted
         ended: set[int] = set()
         deadline = time.monotonic() + self._scheduler.timeout_s
-        while len(ended) < self._num_workers:
+        pause_s = _SETTLE_PAUSE_S
+        while (to_the_end or iterator.trained < iterator.requested) and (
+            ended | self._lost_workers(ended) < set(range(self._num_workers))
+        ):
             if time.monotonic() > deadline:
                 raise errors.CollectiveTimeoutError(
-                    f"the workers did not read to the end of the epoch's tf.data "
+                    f"the workers did not read the rest of the epoch's tf.data "
                     f"service job within timeout_s={self._scheduler.timeout_s:g} s "
                     f"(workers past the end: {sorted(ended)} of "
                     f"{self._num_workers}). Check the workers' and the service's "
                     "logs, or raise timeout_s.",
                 )
+            wanted = self._num_workers if to_the_end else iterator.requested - iterator.trained
             steps = [
-                self._schedule(compiled, iterator.readers(), count)
-                for _ in range(self._num_workers)
+                self._schedule(one_batch, iterator.readers(), 1)
+                for _ in range(min(wanted, self._num_workers))
             ]
+            progress = False
             for step in steps:
-                read = self._scheduler.result(step)
-                if int(read.batches) < count and step.worker is not None:
-                    ended.add(step.worker)
+                read = self._batches_read(step)
+                iterator.trained += read
+                worker = step.worker
+                if read:
+                    progress = True
+                elif worker is not None and worker not in ended:
+                    ended.add(worker)
+                    progress = True
+            if not progress:  # Rounds taken by ended workers: let the others in.
+                time.sleep(pause_s)
+                pause_s = min(2 * pause_s, _SETTLE_PAUSE_MAX_S)
+        if to_the_end:
+            iterator.close()
+
+    def _lost_workers(self, ended: set[int]) -> set[int]:
+        """Indices of the workers not yet `ended` that refuse connections."""
+        if len(ended) == self._num_workers:
+            return set()
+        lost = startup.unreachable_peers(self._config, jobs=("worker",))
+        return {int(name.split(" ")[0].split(":")[1]) for name in lost}
 
 
 def _reading_steps(one_step: Any, model: Any, count: int) -> Any:
@@ -373,7 +448,13 @@ def _reading_steps(one_step: Any, model: Any, count: int) -> Any:
         logs = None
         for _ in range(count):
             batch = reader.get_next_as_optional()
-            logs = _if_value(batch, one_step, model.get_metrics_result)
+            # A missed read keeps the logs of the step before it in this
+            # function, else the metrics so far (the chief ignores the logs
+            # of a function that read nothing).
+            previous = logs
+            logs = _if_value(
+                batch, one_step, model.get_metrics_result if previous is None else lambda: previous
+            )
             batches += tf.cast(batch.has_value(), tf.int32)
         return Read(batches, logs)
 

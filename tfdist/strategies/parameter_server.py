@@ -162,9 +162,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         service's dispatcher (its workers run the pipeline; TF's
         "distributed_epoch" mode, so the source must be splittable).
         Async mode only; the dataset's cardinality must be known (or
-        infinite, with `steps_per_epoch`). Without faults each element is
-        trained on once per epoch; a worker that dies loses the batches
-        it had fetched. A seeded shuffle repeats its order every epoch. See
+        infinite, with `steps_per_epoch`). Without faults a pass read to
+        its end trains on each element once, and a pass Keras stops early
+        on as many batches as it ran steps; a worker that dies loses the
+        batches it had fetched (at most once). A seeded shuffle repeats
+        its order every epoch. See
         `tfdist/parameter_server/service_input.py`. `predict` and
         `*_on_batch` always read on the chief.
 
@@ -274,9 +276,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         self._reading = (
             None
             if service_target is None
-            else service_input.ReadingSteps(
-                self, self._scheduler, len(config.cluster.addresses("worker"))
-            )
+            else service_input.ReadingSteps(self, self._scheduler, config)
         )
 
     def scope(self) -> Any:
