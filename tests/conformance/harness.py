@@ -589,14 +589,27 @@ class ConformanceTestCase(tf.test.TestCase):
                     self.fail(f"the run did not reach {name!r}: {record.error}")
                 self.assertAllClose(record.values[name], reference.values[name], rtol=rtol, atol=atol)
 
-    def assert_same_results(self, record: Record, reference: Record, *, rtol: float = RTOL, atol: float = ATOL) -> None:
-        """Same final weights and every named value as `reference`."""
+    def assert_same_results(
+        self,
+        record: Record,
+        reference: Record,
+        *,
+        rtol: float = RTOL,
+        atol: float = ATOL,
+        value_atol: dict[str, float] | None = None,
+    ) -> None:
+        """Same final weights and every named value as `reference` (`value_atol`: atol by value name)."""
         self.assert_ran(record)
         self.assert_ran(reference)
         self.assertEqual(sorted(record.values), sorted(reference.values))
         for name in reference.values:
             with self.subTest(value=name):
-                self.assertAllClose(record.values[name], reference.values[name], rtol=rtol, atol=atol)
+                self.assertAllClose(
+                    record.values[name],
+                    reference.values[name],
+                    rtol=rtol,
+                    atol=(value_atol or {}).get(name, atol),
+                )
         self.assertLen(record.weights, len(reference.weights))
         for a, b in zip(record.weights, reference.weights):
             self.assertAllClose(a, b, rtol=rtol, atol=atol)

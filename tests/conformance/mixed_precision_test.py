@@ -210,9 +210,12 @@ class MixedPrecisionGuideTest(harness.ConformanceTestCase):
             self.records["tfdist"], NUM_TRAIN, EPOCHS, first_epoch=EPOCHS)
 
     def test_tfdist_custom_loop_matches_one_device(self):
+        # float16 rounding may flip one borderline test example (seen on an
+        # AVX-512 CPU, oneDNN on or off: 0.4140625 vs 0.40625, 1 of 128).
         self.assert_same_results(
             self.records["tfdist"], self.records["one_device"],
-            rtol=MIXED_RTOL, atol=MIXED_ATOL)
+            rtol=MIXED_RTOL, atol=MIXED_ATOL,
+            value_atol={"custom_loop_test_accuracy": 1 / NUM_TEST})
 
     def test_tf_strategy_fit_matches_one_device(self):
         self.assert_values_match(

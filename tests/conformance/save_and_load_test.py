@@ -194,6 +194,13 @@ SCENARIOS = {
 }
 
 
+#: The Keras-format scenario trains twice with Adam, which divides by the
+#: root of its second moment: a weight near zero carries the rounding of
+#: per-replica vs whole-batch matmuls (oneDNN on an AVX-512 CPU: 1.27e-5
+#: on one weight of 0.0014, for TF's strategy and tfdist's alike).
+KERAS_FORMAT_ATOL = 5e-5
+
+
 class SaveAndLoadTutorialTest(harness.ConformanceTestCase, parameterized.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -207,11 +214,13 @@ class SaveAndLoadTutorialTest(harness.ConformanceTestCase, parameterized.TestCas
 
     def test_tfdist_keras_format_matches_one_device(self):
         self.assert_same_results(
-            self.records["keras_format"]["tfdist"], self.records["keras_format"]["one_device"])
+            self.records["keras_format"]["tfdist"], self.records["keras_format"]["one_device"],
+            atol=KERAS_FORMAT_ATOL)
 
     def test_tf_strategy_keras_format_matches_one_device(self):
         self.assert_same_results(
-            self.records["keras_format"]["tf"], self.records["keras_format"]["one_device"])
+            self.records["keras_format"]["tf"], self.records["keras_format"]["one_device"],
+            atol=KERAS_FORMAT_ATOL)
 
     def test_tfdist_saved_model_signature_matches_one_device(self):
         self.assert_same_results(

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -90,6 +91,11 @@ class _RunningJob:
         test.addCleanup(self._stop)
         if not self._out.ready.wait(programs.JOB_BOUND_S):
             raise AssertionError(f"the tasks never connected: {self._out}")
+        # Each task's output reaches the sink through its own reader thread:
+        # under load worker:0's line can land after worker:1's (seen once).
+        deadline = time.monotonic() + programs.JOB_BOUND_S
+        while "[worker:0] listening" not in self._out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
         text = self._out.getvalue()
         server = re.search(r"\[worker:0\] listening (\d+) (\d+)", text)
         client = re.search(r"\[worker:1\] connected (\d+)", text)
