@@ -18,17 +18,8 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import tfdist
+from tests.integration import fault_lib
 from tests.integration import fault_script
-from tests.integration.fault_test import FLOAT32_ATOL
-from tests.integration.fault_test import FLOAT32_RTOL
-from tests.integration.fault_test import JOB_LIMIT_S
-from tests.integration.fault_test import MARGIN_S
-from tests.integration.fault_test import SCRIPT
-from tests.integration.fault_test import _env
-from tests.integration.fault_test import _epochs_begun
-from tests.integration.fault_test import _launch
-from tests.integration.fault_test import _tf_config
-from tests.integration.fault_test import _weights
 from tfdist import errors
 from tfdist import launch
 
@@ -42,23 +33,23 @@ class RestartTest(tf.test.TestCase, parameterized.TestCase):
     )
     def test_restart_with_backup_and_restore_equals_uninterrupted_run(self, tf_keras):
         out_dir = self.create_tempdir().full_path
-        result = _launch(out_dir, "--restarts", "1", mode="restart", tf_keras=tf_keras)
+        result = fault_lib.launch(out_dir, "--restarts", "1", mode="restart", tf_keras=tf_keras)
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
         self.assertTrue(os.path.exists(os.path.join(out_dir, "killed_at")))
         # Both workers were relaunched at the epoch of the kill, not at 0.
         self.assertCountEqual(
-            _epochs_begun(out_dir),
+            fault_lib.epochs_begun(out_dir),
             [[0, fault_script.KILL_EPOCH]] * 2 + [[fault_script.KILL_EPOCH, 2]] * 2,
         )
         reference_dir = self.create_tempdir().full_path
         subprocess.run(
-            [sys.executable, SCRIPT, "reference", reference_dir],
-            env=_env(tf_keras=tf_keras), check=True, capture_output=True, timeout=JOB_LIMIT_S,
+            [sys.executable, fault_lib.SCRIPT, "reference", reference_dir],
+            env=fault_lib.env(tf_keras=tf_keras), check=True, capture_output=True, timeout=fault_lib.JOB_LIMIT_S,
         )
-        restarted = _weights(os.path.join(out_dir, "weights.npz"))
-        uninterrupted = _weights(os.path.join(reference_dir, "weights.npz"))
+        restarted = fault_lib.weights(os.path.join(out_dir, "weights.npz"))
+        uninterrupted = fault_lib.weights(os.path.join(reference_dir, "weights.npz"))
         for a, b in zip(restarted, uninterrupted):
-            self.assertAllClose(a, b, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+            self.assertAllClose(a, b, rtol=fault_lib.FLOAT32_RTOL, atol=fault_lib.FLOAT32_ATOL)
 
 
 class StartUpTest(tf.test.TestCase):
@@ -75,8 +66,8 @@ class StartUpTest(tf.test.TestCase):
             "    print('MESSAGE', e)\n"
         )
         result = subprocess.run(
-            [sys.executable, "-c", code], env=_env(_tf_config(addresses, 0)),
-            capture_output=True, text=True, timeout=JOB_LIMIT_S,
+            [sys.executable, "-c", code], env=fault_lib.env(fault_lib.tf_config(addresses, 0)),
+            capture_output=True, text=True, timeout=fault_lib.JOB_LIMIT_S,
         )
         lines = dict(
             line.split(" ", 1) for line in result.stdout.splitlines()
@@ -85,7 +76,7 @@ class StartUpTest(tf.test.TestCase):
         self.assertIn("RESULT", lines, result.stderr[-3000:])
         task, elapsed = lines["RESULT"].split()
         self.assertEqual(task, "worker:1")
-        self.assertLess(float(elapsed), 8 + MARGIN_S)
+        self.assertLess(float(elapsed), 8 + fault_lib.MARGIN_S)
         self.assertIn("did not accept connections", lines["MESSAGE"])
 
     def test_second_process_with_the_same_task_index_is_refused(self):
@@ -93,7 +84,7 @@ class StartUpTest(tf.test.TestCase):
             holder.bind(("127.0.0.1", 0))
             holder.listen()
             port = holder.getsockname()[1]
-            config = _tf_config([f"127.0.0.1:{port}", "127.0.0.1:1"], 0)
+            config = fault_lib.tf_config([f"127.0.0.1:{port}", "127.0.0.1:1"], 0)
             with self.assertRaisesRegex(
                 errors.ClusterConfigError, rf"worker:0's address 127.0.0.1:{port} is already in use"
             ):

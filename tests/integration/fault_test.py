@@ -14,69 +14,15 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfdist
 from tfdist import launch  # Also run as `python -m tfdist.launch`.
-from tests.integration import fault_script
+from tests.integration import fault_lib
 from tfdist import errors
 
 pytestmark = [pytest.mark.multiprocess]
-
-# Imported (not only run) so that Bazel ships it with this test.
-SCRIPT = os.path.abspath(fault_script.__file__)
-TIMEOUT_S = 20.0
-# Detection runs every second; the margin covers scheduling on 2 busy cores.
-MARGIN_S = 10.0
-# Hard bound on any one job of this file (start-up is ~5 s per process).
-JOB_LIMIT_S = 150
-# Same examples and initial weights; only float32 summation order differs.
-FLOAT32_RTOL = 1e-5
-FLOAT32_ATOL = 1e-6
-
-
-def _env(tf_config: str | None = None, *, tf_keras: bool = False) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(TF_NUM_INTEROP_THREADS="3", TF_NUM_INTRAOP_THREADS="1")
-    if tf_keras:
-        env["TF_USE_LEGACY_KERAS"] = "1"
-    if tf_config is not None:
-        env["TF_CONFIG"] = tf_config
-    return env
-
-
-def _tf_config(addresses: list[str], index: int) -> str:
-    return json.dumps(
-        {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
-    )
-
-
-def _launch(
-    out_dir: str, *launcher_args: str, mode: str, tf_keras: bool = False
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tfdist.launch", "--workers", "2", *launcher_args,
-         "--", sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
-        env=_env(tf_keras=tf_keras), capture_output=True, text=True, timeout=JOB_LIMIT_S,
-    )
-
-
-def _weights(path: str) -> list[np.ndarray]:
-    with np.load(path) as data:
-        return [data[f"arr_{i}"] for i in range(len(data.files))]
-
-
-def _epochs_begun(out_dir: str) -> list[list[int]]:
-    """Per process that trained, the epochs it began (`fault_script`'s records)."""
-    begun = []
-    for name in os.listdir(out_dir):
-        if name.startswith("epochs-begun-"):
-            with open(os.path.join(out_dir, name)) as f:
-                begun.append([int(line) for line in f.read().split()])
-    return begun
-
 
 def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
     """Runs both workers in `mode`; returns worker 0's record and the fault time."""
@@ -84,14 +30,14 @@ def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
     addresses = list(launch.make_local_cluster(launch.JobShape(2)).addresses("worker"))
     procs = [
         subprocess.Popen(
-            [sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
-            env=_env(_tf_config(addresses, index)),
+            [sys.executable, fault_lib.SCRIPT, mode, out_dir, str(fault_lib.TIMEOUT_S)],
+            env=fault_lib.env(fault_lib.tf_config(addresses, index)),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         for index in range(2)
     ]
     try:
-        survivor_stderr = procs[0].communicate(timeout=JOB_LIMIT_S)[1]
+        survivor_stderr = procs[0].communicate(timeout=fault_lib.JOB_LIMIT_S)[1]
     finally:
         for proc in procs:
             proc.kill()
@@ -111,11 +57,11 @@ class LostWorkerTest(tf.test.TestCase):
         self.assertTrue(record["is_lost"], record)
         self.assertEqual(record["task"], "worker:1")
         self.assertIn("task worker:1 is lost", record["message"])
-        self.assertLess(record["raised_at"] - killed_at, TIMEOUT_S + MARGIN_S)
+        self.assertLess(record["raised_at"] - killed_at, fault_lib.TIMEOUT_S + fault_lib.MARGIN_S)
 
     def test_launcher_exits_non_zero_naming_the_killed_worker(self):
         out_dir = self.create_tempdir().full_path
-        result = _launch(out_dir, mode="kill")
+        result = fault_lib.launch(out_dir, mode="kill")
         self.assertNotEqual(result.returncode, 0)
         # The summary names the task that failed first, and how (the task
         # names alone appear in every launch's start-up lines).
@@ -126,12 +72,12 @@ class StuckWorkerTest(tf.test.TestCase):
     def _assert_timeout_naming_worker_1_in_time(self, record, stalled_at):
         self.assertTrue(record["is_timeout"], record)
         self.assertEqual(record["task"], "worker:1", record)
-        self.assertIn(f"waited more than timeout_s={TIMEOUT_S:g} s", record["message"])
+        self.assertIn(f"waited more than timeout_s={fault_lib.TIMEOUT_S:g} s", record["message"])
         self.assertIn("worker:1 (at collective", record["message"])
         self.assertIn("did not arrive", record["message"])
         elapsed = record["raised_at"] - stalled_at
-        self.assertGreater(elapsed, TIMEOUT_S - 1)  # Not before the bound...
-        self.assertLess(elapsed, TIMEOUT_S + MARGIN_S)  # ...and soon after it.
+        self.assertGreater(elapsed, fault_lib.TIMEOUT_S - 1)  # Not before the bound...
+        self.assertLess(elapsed, fault_lib.TIMEOUT_S + fault_lib.MARGIN_S)  # ...and soon after it.
 
     def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
         self._assert_timeout_naming_worker_1_in_time(*_run_pair(self, "stall"))
@@ -220,18 +166,18 @@ class CollectiveBoundTest(tf.test.TestCase):
     def test_gradient_all_reduce_a_peer_never_joins_times_out(self):
         timeout_s = 5.0
         record = tfdist.testing.run_local_cluster(
-            _worker_1_never_joins, num_workers=2, args=(timeout_s,), timeout_s=JOB_LIMIT_S
+            _worker_1_never_joins, num_workers=2, args=(timeout_s,), timeout_s=fault_lib.JOB_LIMIT_S
         )[0]
         self.assertTrue(record["is_timeout"], record)
         self.assertIn("worker:1", record["message"])
         self.assertGreater(record["elapsed"], timeout_s)
-        self.assertLess(record["elapsed"], timeout_s + MARGIN_S)
+        self.assertLess(record["elapsed"], timeout_s + fault_lib.MARGIN_S)
 
     def test_compute_before_a_collective_does_not_count_as_waiting(self):
         # Both workers compute for longer than timeout_s before the
         # all-reduce; only time spent in the collective counts.
         per_task = tfdist.testing.run_local_cluster(
-            _all_reduce_after_compute, num_workers=2, args=(3.0, 6.0), timeout_s=JOB_LIMIT_S
+            _all_reduce_after_compute, num_workers=2, args=(3.0, 6.0), timeout_s=fault_lib.JOB_LIMIT_S
         )
         self.assertEqual(list(per_task), [2.0, 2.0])
 
@@ -242,7 +188,7 @@ class CollectiveThreadsTest(tf.test.TestCase):
         # live for the whole timeout (300 s here): +600 after 300 collectives.
         count = 300
         per_task = tfdist.testing.run_local_cluster(
-            _threads_after_collectives, num_workers=2, args=(count,), timeout_s=JOB_LIMIT_S
+            _threads_after_collectives, num_workers=2, args=(count,), timeout_s=fault_lib.JOB_LIMIT_S
         )
         for before, after in per_task:
             self.assertLess(after - before, count // 10, per_task)

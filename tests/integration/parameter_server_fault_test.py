@@ -40,19 +40,13 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import tfdist
+from tests.integration import fault_lib
 from tests.integration import fault_script
-from tests.integration.fault_test import FLOAT32_ATOL
-from tests.integration.fault_test import FLOAT32_RTOL
-from tests.integration.fault_test import JOB_LIMIT_S
-from tests.integration.fault_test import TIMEOUT_S
-from tests.integration.fault_test import _env
-from tests.integration.fault_test import _epochs_begun
-from tests.integration.fault_test import _weights
 from tfdist import launch
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
 
-SCRIPT = os.path.abspath(fault_script.__file__)
+fault_lib.SCRIPT = os.path.abspath(fault_script.__file__)
 NUM_EXAMPLES = 512
 BATCH_SIZE = 16
 EPOCHS = 2
@@ -88,7 +82,7 @@ def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dic
     # an update may apply that one twice: see update_gate's limits).
     staleness = 0 if mode == "async" else None
     strategy = tfdist.ParameterServerStrategy(
-        mode=mode, max_staleness=staleness, timeout_s=TIMEOUT_S, input_service=input_service
+        mode=mode, max_staleness=staleness, timeout_s=fault_lib.TIMEOUT_S, input_service=input_service
     )
     rng = np.random.default_rng(0)
     x = rng.normal(size=(NUM_EXAMPLES, 6)).astype("float32")
@@ -151,7 +145,7 @@ def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dic
             self._thread.start()
 
         def _run(self):
-            deadline = time.monotonic() + JOB_LIMIT_S
+            deadline = time.monotonic() + fault_lib.JOB_LIMIT_S
             while not os.path.exists(marker) and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(SETTLE_S)
@@ -197,7 +191,7 @@ class WorkerKilledTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(("async", "async"), ("sync", "sync"))
     def test_fit_completes_with_every_step_applied_once(self, mode):
         result = tfdist.testing.run_local_ps_job(
-            worker_killed_job, num_workers=2, num_ps=1, timeout_s=JOB_LIMIT_S,
+            worker_killed_job, num_workers=2, num_ps=1, timeout_s=fault_lib.JOB_LIMIT_S,
             args=(self.create_tempdir().full_path, mode, None),
         )
         self.assertTrue(result["killed"])
@@ -215,7 +209,7 @@ class WorkerKilledInputServiceTest(tf.test.TestCase):
         # loses the batches it had fetched, and TF's re-run of its step
         # reads the next batch (at most once, see service_input).
         result = tfdist.testing.run_local_ps_job(
-            worker_killed_job, num_workers=2, num_ps=1, timeout_s=JOB_LIMIT_S,
+            worker_killed_job, num_workers=2, num_ps=1, timeout_s=fault_lib.JOB_LIMIT_S,
             args=(self.create_tempdir().full_path, "async", "chief"),
         )
         self.assertTrue(result["killed"])
@@ -237,8 +231,8 @@ def _run_ps_job_of_processes(out_dir: str) -> dict[str, subprocess.Popen]:
             {"cluster": cluster, "task": {"type": task.task_type, "index": task.task_id}}
         )
         procs[task.name] = subprocess.Popen(
-            [sys.executable, SCRIPT, "ps_kill", out_dir, str(TIMEOUT_S)],
-            env=_env(config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [sys.executable, fault_lib.SCRIPT, "ps_kill", out_dir, str(fault_lib.TIMEOUT_S)],
+            env=fault_lib.env(config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
     return procs
 
@@ -249,7 +243,7 @@ class ParameterServerKilledTest(tf.test.TestCase):
         out_dir = self.create_tempdir().full_path
         procs = _run_ps_job_of_processes(out_dir)
         try:
-            chief_stderr = procs["chief:0"].communicate(timeout=JOB_LIMIT_S)[1]
+            chief_stderr = procs["chief:0"].communicate(timeout=fault_lib.JOB_LIMIT_S)[1]
         finally:
             for proc in procs.values():
                 proc.kill()
@@ -264,34 +258,34 @@ class ParameterServerKilledTest(tf.test.TestCase):
         self.assertEqual(record["task"], "ps:0")
         self.assertIn("restart the job", record["message"])
         # The ps probe's 2 s, not the timeout; the margin covers a loaded machine.
-        self.assertLess(record["raised_at"] - killed_at, TIMEOUT_S)
+        self.assertLess(record["raised_at"] - killed_at, fault_lib.TIMEOUT_S)
 
     def test_launcher_restart_resumes_from_backup_with_uninterrupted_weights(self):
         out_dir = self.create_tempdir().full_path
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "tfdist.launch", "--chief", "--workers", "1", "--ps", "1",
-             "--restarts", "1", "--", sys.executable, SCRIPT, "ps_restart", out_dir,
-             str(TIMEOUT_S)],
-            env=_env(), capture_output=True, text=True, timeout=JOB_LIMIT_S,
+             "--restarts", "1", "--", sys.executable, fault_lib.SCRIPT, "ps_restart", out_dir,
+             str(fault_lib.TIMEOUT_S)],
+            env=fault_lib.env(), capture_output=True, text=True, timeout=fault_lib.JOB_LIMIT_S,
         )
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
         self.assertIn("restart 1/1", result.stderr)
         self.assertTrue(os.path.exists(os.path.join(out_dir, "killed_at")))
-        self.assertLess(time.monotonic() - started, JOB_LIMIT_S)
+        self.assertLess(time.monotonic() - started, fault_lib.JOB_LIMIT_S)
         # The relaunched chief began at the epoch it was killed in, not at 0.
         self.assertCountEqual(
-            _epochs_begun(out_dir), [[0, fault_script.KILL_EPOCH], [fault_script.KILL_EPOCH, 2]]
+            fault_lib.epochs_begun(out_dir), [[0, fault_script.KILL_EPOCH], [fault_script.KILL_EPOCH, 2]]
         )
         reference_dir = self.create_tempdir().full_path
         subprocess.run(
-            [sys.executable, SCRIPT, "reference", reference_dir],
-            env=_env(), check=True, capture_output=True, timeout=JOB_LIMIT_S,
+            [sys.executable, fault_lib.SCRIPT, "reference", reference_dir],
+            env=fault_lib.env(), check=True, capture_output=True, timeout=fault_lib.JOB_LIMIT_S,
         )
-        restarted = _weights(os.path.join(out_dir, "weights.npz"))
-        uninterrupted = _weights(os.path.join(reference_dir, "weights.npz"))
+        restarted = fault_lib.weights(os.path.join(out_dir, "weights.npz"))
+        uninterrupted = fault_lib.weights(os.path.join(reference_dir, "weights.npz"))
         for a, b in zip(restarted, uninterrupted):
-            self.assertAllClose(a, b, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+            self.assertAllClose(a, b, rtol=fault_lib.FLOAT32_RTOL, atol=fault_lib.FLOAT32_ATOL)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import tempfile
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl.testing import absltest
 
 import tfdist
 from tests.integration import ps_counting
