@@ -101,11 +101,18 @@ class StepLedger:
         self._gate = gate
         self._variable: tf.Variable | None = None
 
+    @property
+    def variable(self) -> tf.Variable:
+        """The ledger: an int64 vector of `SIZE` on a ps task (made on first use)."""
+        return self._ledger()
+
     def _ledger(self) -> tf.Variable:
         if self._variable is None:
-            # Whole, on one ps task, whatever the user's variable_partitioner.
+            # Whole, on one ps task, whatever the user's variable_partitioner;
+            # not gated (its record is the step's last write, not an update).
             whole = getattr(self._strategy.extended, "whole_variables", contextlib.nullcontext)
-            with self._strategy.scope(), whole():
+            ungated = self._gate.passing_over if self._gate else contextlib.nullcontext
+            with self._strategy.scope(), whole(), ungated():
                 self._variable = tf.Variable(
                     tf.zeros([SIZE], tf.int64), trainable=False, name="tfdist_step_ledger"
                 )

@@ -74,6 +74,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tfdist._internal import attributes
 from tfdist.parameter_server import step_ledger
 
 __all__ = ["UpdateGate"]
@@ -179,7 +180,8 @@ class UpdateGate:
         # By the graph of the function being traced: Keras's step runs in
         # TF's replica threads, inside that graph (or a branch of it).
         self._traces: dict[int, tuple[Any, _Trace]] = {}
-        self._local = threading.local()  # `applying`: inside a gated update.
+        # `applying`: inside a gated update; `passing_over`: adopt nothing.
+        self._local = threading.local()
         self._classes: dict[type, type] = {}
         # Ledgers by adopted variable's id (dropped when the variable is).
         self._ledgers: dict[int, tf.Variable] = {}
@@ -197,6 +199,8 @@ class UpdateGate:
             int64 variable of the given number of zeros on `variable`'s
             device, outside any strategy (not tracked, not checkpointed).
         """
+        if getattr(self._local, "passing_over", False):
+            return variable
         with self._lock:
             if id(variable) in self._ledgers:
                 return variable
@@ -209,6 +213,21 @@ class UpdateGate:
             variable.__class__ = self._classes[cls]
         weakref.finalize(variable, self._forget, id(variable))
         return variable
+
+    @contextlib.contextmanager
+    def passing_over(self) -> Iterator[None]:
+        """Variables created inside, on this thread, are not adopted: their updates run ungated.
+
+        For tfdist's own bookkeeping variables (the step ledger), which
+        need no ledger of their own.
+        """
+        with attributes.swapped(self._local, "passing_over", True):
+            yield
+
+    def adopted(self, variable: tf.Variable) -> bool:
+        """Whether `variable`'s updates go through this gate."""
+        with self._lock:
+            return id(variable) in self._ledgers
 
     def _forget(self, key: int) -> None:
         with self._lock:

@@ -100,6 +100,22 @@ class UpdateGateTest(tf.test.TestCase):
         recorded(4, tf.constant(1.0))
         self.assertEqual(float(self.a.numpy()), 3.0)  # Ungated there: not one of three.
 
+    def test_the_step_ledger_is_not_adopted(self):
+        gate = update_gate.UpdateGate()
+        ledger = step_ledger.StepLedger(tf.distribute.get_strategy(), gate)
+
+        def creator(next_creator, **kwargs):  # As the strategy's creator does.
+            def make_ledger(size):
+                return next_creator(initial_value=tf.zeros([size], tf.int64), trainable=False)
+
+            return gate.adopt(next_creator(**kwargs), make_ledger)
+
+        with tf.variable_creator_scope(creator):
+            variable = tf.Variable(0.0)
+            bookkeeping = ledger.variable
+        self.assertTrue(gate.adopted(variable))
+        self.assertFalse(gate.adopted(bookkeeping))
+
     def test_adopted_variables_keep_their_type_and_checkpoint(self):
         self.assertIsInstance(self.a, type(tf.Variable(0.0)))
         self.a.assign(2.5)
