@@ -279,12 +279,14 @@ def _custom_loop_half(strategy, coordinator_class, record):
         accuracy = tf.keras.metrics.Accuracy()
 
     # The tutorial asserts these (two shards of (4, 16384), one per ps). A
-    # Keras 3 variable is one weight; its shards are those of the
-    # tf.Variable it wraps.
+    # Keras 3 variable is one weight: tfdist's strategy lists its shards
+    # (TF's, under tf-keras, has one weight per shard).
     shards = [
         shard
         for w in emb_layer.weights
-        for shard in getattr(getattr(w, "_value", None), "variables", None) or [w]
+        for shard in (
+            strategy.variable_shards(w) if isinstance(strategy, tfdist.ParameterServerStrategy) else [w]
+        )
     ]
     record.values.update(
         embedding_weights=len(emb_layer.weights),
