@@ -11,6 +11,8 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python -m tfdist.launch --chief --workers 2 --ps 2 -- python -u examples/digits.py \
         --strategy=parameter_server          # variables on 2 ps, steps on 2 workers
     python examples/digits.py --strategy=parameter_server  # the same, in-process cluster
+    python examples/digits.py --strategy=parameter_server --input_service=chief
+        # the workers read their batches from a tf.data service in the chief
 
 Prints Keras's progress bar, then per-epoch test accuracy and examples/s
 (with --strategy=layer_placement also the placement report).
@@ -72,6 +74,11 @@ _LEARNING_RATE = flags.DEFINE_float(
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None,
     "If set: BackupAndRestore state and the final weights are written here.")
+_INPUT_SERVICE = flags.DEFINE_string(
+    "input_service", None,
+    "With --strategy=parameter_server: unset (the chief reads the data and sends each batch "
+    "with its step), 'chief' (a tf.data service in the chief's process) or 'grpc://host:port' "
+    "(your tf.data service's dispatcher): the workers read their batches from it.")
 _DATA_PATH = flags.DEFINE_string(
     "data_path", None,
     "An .npz file with arrays `x` (N, features) and `y` (N,) integer labels; "
@@ -92,6 +99,7 @@ class TrainConfig:
     learning_rate: float = 3e-3
     model_dir: str | None = None
     data_path: str | None = None
+    input_service: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +183,7 @@ def make_strategy(config: TrainConfig):
                   "examples/digits.py --strategy=parameter_server", flush=True)
             cluster = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
         # tfdist: on worker and ps tasks this serves and never returns.
-        return tfdist.ParameterServerStrategy(cluster)
+        return tfdist.ParameterServerStrategy(cluster, input_service=config.input_service)
     if config.strategy == "layer_placement":
         # tfdist: the layers in stages over all local devices, M microbatches a step.
         return tfdist.LayerPlacementStrategy(num_microbatches=config.num_microbatches)
@@ -237,6 +245,7 @@ def main(argv: Sequence[str]) -> None:
         learning_rate=_LEARNING_RATE.value,
         model_dir=_MODEL_DIR.value,
         data_path=_DATA_PATH.value,
+        input_service=_INPUT_SERVICE.value,
     ))
 
 

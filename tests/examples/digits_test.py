@@ -43,6 +43,8 @@ class DigitsExampleTest(parameterized.TestCase):
         # No TF_CONFIG: an in-process cluster of 2 workers and 2 ps.
         {"testcase_name": "parameter_server_in_process",
          "args": ["--strategy=parameter_server"], "replicas": 1},
+        {"testcase_name": "parameter_server_reading_a_tf_data_service",
+         "args": ["--strategy=parameter_server", "--input_service=chief"], "replicas": 1},
     )
     def test_runs_and_reports_accuracy_and_throughput(self, args, replicas):
         result = _run(args)

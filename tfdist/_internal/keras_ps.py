@@ -51,6 +51,7 @@ import tensorflow as tf
 __all__ = [
     "KerasCall",
     "calling_model",
+    "data_batches",
     "increment_step_counter",
     "install_functions",
     "is_keras3_model",
@@ -134,6 +135,34 @@ def calling_model() -> KerasCall | None:
             if model is None:
                 return None
             return KerasCall(model=model, method=found[0], keras3=found[1])
+        frame = frame.f_back
+    return None
+
+
+def data_batches() -> int | None:
+    """Batches per pass of the data Keras is distributing, as its data adapter counts them; or None.
+
+    Keras makes a dataset of unknown cardinality from arrays (`fit(x, y)`:
+    `tf.data` cannot count through its `flat_map`) but knows its batches.
+    Looks at most `_MAX_FRAMES` frames above the caller of the function
+    calling this one for the object distributing it: a Keras 3
+    `EpochIterator` (its `data_adapter.num_batches`) or a tf-keras
+    `DataHandler` (its `_adapter.get_size()`).
+    """
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        size: Any = None
+        adapter = getattr(owner, "data_adapter", None)  # Keras 3.
+        if adapter is not None:
+            size = getattr(adapter, "num_batches", None)
+        elif type(owner).__name__ == "DataHandler":  # tf-keras.
+            get_size = getattr(getattr(owner, "_adapter", None), "get_size", None)
+            size = get_size() if callable(get_size) else None
+        if adapter is not None or type(owner).__name__ == "DataHandler":
+            return size if isinstance(size, int) and size > 0 else None
         frame = frame.f_back
     return None
 

@@ -39,7 +39,12 @@ What holds:
 - Without faults, a pass read to its end trains on every element of the
   dataset once (Keras runs as many steps as its cardinality says, which
   must be known; or it is infinite with `steps_per_epoch`: one job spans
-  `fit`). A pass Keras stops early (`steps_per_epoch` or
+  `fit`). Keras's own dataset from numpy arrays has a cardinality
+  `tf.data` cannot count, but Keras counts its batches and stops there;
+  settling then trains as many batches as Keras ran steps: every example
+  once per epoch under Keras 3; under tf-keras, whose one dataset holds
+  all epochs (one job), `epochs` times over the fit, an epoch possibly
+  taking the next one's first batches. A pass Keras stops early (`steps_per_epoch` or
   `validation_steps` below the cardinality: the next epoch goes on with
   it, as on one device; `stop_training`) trains on as many batches as
   Keras ran steps, none twice. With a user's service of several tf.data
@@ -215,10 +220,15 @@ class ServiceIterator:
 
     @property
     def exhausted(self) -> bool:
-        """Whether steps asked for every batch of a finite dataset (the job is then at its end,
-        but for what readers fetched ahead)."""
+        """Whether steps asked for every batch of a dataset of known, finite cardinality.
+
+        The job is then at its end, but for what readers fetched ahead. A
+        pass of Keras's arrays (cardinality unknown to `tf.data`) is never
+        exhausted: Keras stops at its own count, and settling trains as
+        many batches as it ran steps.
+        """
         cardinality = self._owner.cardinality
-        return cardinality != tf.data.INFINITE_CARDINALITY and self.requested >= cardinality
+        return cardinality >= 0 and self.requested >= cardinality
 
     def readers(self) -> Any:
         """Each worker's reader of this pass's job (a per-worker iterator)."""
@@ -253,9 +263,14 @@ class ServiceDataset(tf.distribute.DistributedDataset):
       service: Where it is served.
       coordinator: TF's coordinator (it makes each worker's reader).
       method: The Keras method reading it (for errors).
+      keras_batches: Its batches per epoch as Keras counts them, for a
+        dataset whose cardinality `tf.data` does not know (Keras's own,
+        from arrays: Keras then runs that many steps by itself; tf-keras's
+        dataset goes on over all epochs, so it is not where a pass ends);
+        or None.
 
     Raises:
-      ConfigError: If `dataset`'s cardinality is unknown.
+      ConfigError: If neither `dataset` nor Keras knows its batches.
     """
 
     def __init__(
@@ -264,9 +279,10 @@ class ServiceDataset(tf.distribute.DistributedDataset):
         service: InputService,
         coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
         method: str,
+        keras_batches: int | None = None,
     ) -> None:
         cardinality = int(dataset.cardinality())
-        if cardinality == tf.data.UNKNOWN_CARDINALITY:
+        if cardinality == tf.data.UNKNOWN_CARDINALITY and keras_batches is None:
             raise errors.ConfigError(
                 f"{method} with input_service needs a dataset whose number of "
                 "batches is known (Keras runs that many steps while the workers "
@@ -276,6 +292,7 @@ class ServiceDataset(tf.distribute.DistributedDataset):
                 "or .repeat() and steps_per_epoch, or drop input_service (the "
                 "chief then reads any dataset)."
             )
+        self._cardinality = cardinality
         self.dataset = dataset
         self._service = service
         self._coordinator = coordinator
@@ -314,7 +331,8 @@ class ServiceDataset(tf.distribute.DistributedDataset):
 
     @property
     def cardinality(self) -> int:
-        return int(self.dataset.cardinality())
+        """Batches of the dataset as `tf.data` counts them (unknown for Keras's arrays)."""
+        return self._cardinality
 
     def reduce(self, initial_state: Any, reduce_func: Any) -> Any:
         return self.dataset.reduce(initial_state, reduce_func)

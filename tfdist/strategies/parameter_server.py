@@ -161,8 +161,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         chief sends steps only). "grpc://host:port": your own tf.data
         service's dispatcher (its workers run the pipeline; TF's
         "distributed_epoch" mode, so the source must be splittable).
-        Async mode only; the dataset's cardinality must be known (or
-        infinite, with `steps_per_epoch`). Without faults a pass read to
+        Async mode only; numpy arrays, or a dataset whose cardinality is
+        known (or infinite, with `steps_per_epoch`). Without faults a pass read to
         its end trains on each element once, and a pass Keras stops early
         on as many batches as it ran steps; a worker that dies loses the
         batches it had fetched (at most once). A seeded shuffle repeats
@@ -406,7 +406,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         self._loop_for(call.model)
         if self._input_service is not None and call.method in ("fit", "evaluate"):
             return service_input.ServiceDataset(
-                dataset, self._input_service, self._coordinator, call.method
+                dataset,
+                self._input_service,
+                self._coordinator,
+                call.method,
+                keras_batches=keras_ps.data_batches(),
             )
         return keras_loop.ChiefDataset(
             dataset, synchronous=call.method.endswith("_on_batch")

@@ -30,9 +30,11 @@ class RecordingStrategy(tf.distribute.OneDeviceStrategy):
     def __init__(self):
         super().__init__("/cpu:0")
         self.calls: list[keras_ps.KerasCall | None] = []
+        self.batches: list[int | None] = []
 
     def experimental_distribute_dataset(self, dataset, options=None):
         self.calls.append(keras_ps.calling_model())
+        self.batches.append(keras_ps.data_batches())
         return super().experimental_distribute_dataset(dataset, options)
 
 
@@ -68,6 +70,25 @@ class CallingModelTest(parameterized.TestCase):
         strategy = RecordingStrategy()
         strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
         self.assertEqual(strategy.calls, [None])
+        self.assertEqual(strategy.batches, [None])
+
+
+class DataBatchesTest(tf.test.TestCase):
+
+    def test_keras_counts_the_batches_of_arrays_tf_data_cannot(self):
+        strategy = RecordingStrategy()
+        model = _model(strategy)
+        x, y = np.ones((10, 3), "float32"), np.zeros((10, 2), "float32")
+        model.fit(x, y, batch_size=4, verbose=0)
+        self.assertEqual(strategy.batches, [3])  # 4 + 4 + 2 rows.
+
+    def test_a_dataset_keras_cannot_count_gives_none(self):
+        strategy = RecordingStrategy()
+        model = _model(strategy)
+        x, y = _data()
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(4)
+        model.fit(dataset, verbose=0)
+        self.assertEqual(strategy.batches, [None])
 
 
 class InstallFunctionsTest(tf.test.TestCase):
