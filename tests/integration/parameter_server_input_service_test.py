@@ -68,6 +68,7 @@ def service_on_chief() -> dict[str, object]:
     x, y = ps_counting.data()
     batch_size = ps_counting.BATCH_SIZE
     record: dict[str, object] = {}
+    in_order = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
 
     def finite_dataset():
         # An unseeded shuffle: the service runs the one pipeline.
@@ -76,13 +77,12 @@ def service_on_chief() -> dict[str, object]:
             .shuffle(ps_counting.NUM_EXAMPLES)
             .batch(batch_size)
         )
-        validation = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
-        model, seen = _fit_counting(keras, strategy, dataset, epochs=2, validation_data=validation)
+        model, seen = _fit_counting(keras, strategy, dataset, epochs=2, validation_data=in_order)
         reference, _ = ps_counting.build(keras, tf.distribute.get_strategy())
         reference.set_weights(model.get_weights())
         seen.update(
-            evaluate=model.evaluate(validation, verbose=0),
-            evaluate_one_device=reference.evaluate(validation, verbose=0),
+            evaluate=model.evaluate(in_order, verbose=0),
+            evaluate_one_device=reference.evaluate(in_order, verbose=0),
             predict=model.predict(x, batch_size=batch_size, verbose=0),
             predict_one_device=reference.predict(x, batch_size=batch_size, verbose=0),
             executions_by_worker=strategy.executions_by_worker,
@@ -98,8 +98,7 @@ def service_on_chief() -> dict[str, object]:
         return seen
 
     def steps_per_execution():
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
-        _, seen = _fit_counting(keras, strategy, dataset, epochs=2, steps_per_execution=3)
+        _, seen = _fit_counting(keras, strategy, in_order, epochs=2, steps_per_execution=3)
         return seen
 
     def repeat_and_steps_per_epoch():
@@ -110,8 +109,7 @@ def service_on_chief() -> dict[str, object]:
     def steps_per_epoch_below_cardinality():
         # Keras keeps the pass across epochs (as on one device, epoch 2
         # goes on where epoch 1 stopped): 6 of the 7 batches, none twice.
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
-        _, seen = _fit_counting(keras, strategy, dataset, epochs=2, steps_per_epoch=3)
+        _, seen = _fit_counting(keras, strategy, in_order, epochs=2, steps_per_epoch=3)
         return seen
 
     def stopped_mid_epoch():
@@ -120,10 +118,9 @@ def service_on_chief() -> dict[str, object]:
                 if batch == 2:
                     self.model.stop_training = True
 
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
-        validation = dataset.take(4)  # 4 batches, 2 of them read per epoch.
+        validation = in_order.take(4)  # 4 batches, 2 of them read per epoch.
         _, seen = _fit_counting(
-            keras, strategy, dataset, epochs=2, callbacks=[StopAtBatch2()],
+            keras, strategy, in_order, epochs=2, callbacks=[StopAtBatch2()],
             validation_data=validation, validation_steps=2,
         )
         return seen

@@ -153,17 +153,17 @@ def data_batches() -> int | None:
     for _ in range(_MAX_FRAMES):
         if frame is None:
             return None
-        owner = frame.f_locals.get("self")
-        size: Any = None
-        adapter = getattr(owner, "data_adapter", None)  # Keras 3.
-        if adapter is not None:
-            size = getattr(adapter, "num_batches", None)
+        owner: Any = frame.f_locals.get("self")
+        size: Any
+        if hasattr(owner, "data_adapter"):  # Keras 3.
+            size = getattr(owner.data_adapter, "num_batches", None)
         elif type(owner).__name__ == "DataHandler":  # tf-keras.
             get_size = getattr(getattr(owner, "_adapter", None), "get_size", None)
             size = get_size() if callable(get_size) else None
-        if adapter is not None or type(owner).__name__ == "DataHandler":
-            return size if isinstance(size, int) and size > 0 else None
-        frame = frame.f_back
+        else:
+            frame = frame.f_back
+            continue
+        return size if isinstance(size, int) and size > 0 else None
     return None
 
 

@@ -44,10 +44,10 @@ What holds:
   settling then trains as many batches as Keras ran steps: every example
   once per epoch under Keras 3; under tf-keras, whose one dataset holds
   all epochs (one job), `epochs` times over the fit, an epoch possibly
-  taking the next one's first batches. A pass Keras stops early (`steps_per_epoch` or
-  `validation_steps` below the cardinality: the next epoch goes on with
-  it, as on one device; `stop_training`) trains on as many batches as
-  Keras ran steps, none twice. With a user's service of several tf.data
+  taking the next one's first batches. A pass Keras stops early
+  (`steps_per_epoch` or `validation_steps` below the cardinality: the
+  next epoch goes on with it, as on one device; `stop_training`) trains
+  on as many batches as Keras ran steps, none twice. With a user's service of several tf.data
   workers ("distributed_epoch"), each may end its part on a short batch:
   more batches than the cardinality, trained at the barrier.
 - A worker that dies loses the batches it had fetched (the step it ran,
@@ -92,12 +92,21 @@ from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import scheduler as scheduler_lib
 from tfdist.watchdog import startup
 
-__all__ = ["CHIEF", "InputService", "Read", "ServiceDataset", "ServiceIterator", "check"]
+__all__ = [
+    "CHIEF",
+    "InputService",
+    "Read",
+    "ReadingSteps",
+    "ServiceDataset",
+    "ServiceIterator",
+    "check",
+]
 
 #: `input_service` value: a dispatcher and one tf.data worker in the chief.
 CHIEF = "chief"
 _SCHEME = "grpc://"
-#: Batches a worker's reader requests ahead of its steps (lost if it dies).
+#: Requests a worker's reader keeps outstanding (what it holds is lost if
+#: it dies; TF's client still buffers a few elements more, see above).
 _READ_AHEAD = 1
 #: First and longest pause, seconds, after a settling round that made no progress.
 _SETTLE_PAUSE_S = 0.01
@@ -263,14 +272,13 @@ class ServiceDataset(tf.distribute.DistributedDataset):
       service: Where it is served.
       coordinator: TF's coordinator (it makes each worker's reader).
       method: The Keras method reading it (for errors).
-      keras_batches: Its batches per epoch as Keras counts them, for a
-        dataset whose cardinality `tf.data` does not know (Keras's own,
-        from arrays: Keras then runs that many steps by itself; tf-keras's
-        dataset goes on over all epochs, so it is not where a pass ends);
-        or None.
+      counted_by_keras: Whether Keras counts the dataset's batches itself
+        (`keras_ps.data_batches`; Keras's own dataset from arrays, whose
+        cardinality `tf.data` does not know): Keras then stops at its
+        count. Not where a pass ends: tf-keras's goes on over all epochs.
 
     Raises:
-      ConfigError: If neither `dataset` nor Keras knows its batches.
+      ConfigError: If neither `tf.data` nor Keras counts its batches.
     """
 
     def __init__(
@@ -279,10 +287,10 @@ class ServiceDataset(tf.distribute.DistributedDataset):
         service: InputService,
         coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
         method: str,
-        keras_batches: int | None = None,
+        counted_by_keras: bool = False,
     ) -> None:
         cardinality = int(dataset.cardinality())
-        if cardinality == tf.data.UNKNOWN_CARDINALITY and keras_batches is None:
+        if cardinality == tf.data.UNKNOWN_CARDINALITY and not counted_by_keras:
             raise errors.ConfigError(
                 f"{method} with input_service needs a dataset whose number of "
                 "batches is known (Keras runs that many steps while the workers "
@@ -344,7 +352,7 @@ class ReadingSteps:
     Args:
       strategy: The strategy (steps traced and scheduled in its scope).
       scheduler: Where steps are queued (shared with the chief-read steps).
-      config: The cluster (its workers; probed for lost ones while draining).
+      config: The cluster (its workers; probed for lost ones while settling).
     """
 
     def __init__(

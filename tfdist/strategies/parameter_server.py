@@ -162,9 +162,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         service's dispatcher (its workers run the pipeline; TF's
         "distributed_epoch" mode, so the source must be splittable).
         Async mode only; numpy arrays, or a dataset whose cardinality is
-        known (or infinite, with `steps_per_epoch`). Without faults a pass read to
-        its end trains on each element once, and a pass Keras stops early
-        on as many batches as it ran steps; a worker that dies loses the
+        known (or infinite, with `steps_per_epoch`). Without faults a pass
+        read to its end trains on each element once, and a pass Keras
+        stops early on as many batches as it ran steps; a worker that dies loses the
         batches it had fetched (at most once). A seeded shuffle repeats
         its order every epoch. See
         `tfdist/parameter_server/service_input.py`. `predict` and
@@ -410,7 +410,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
                 self._input_service,
                 self._coordinator,
                 call.method,
-                keras_batches=keras_ps.data_batches(),
+                counted_by_keras=keras_ps.data_batches() is not None,
             )
         return keras_loop.ChiefDataset(
             dataset, synchronous=call.method.endswith("_on_batch")
