@@ -35,7 +35,9 @@ one device the coordinator's `schedule` runs the step at once.
 
 Under Keras 3, which trains a variable through one handle, TF's strategy
 fails the custom loop on the split table; tfdist splits it as the tutorial
-shows (one Keras weight of two shards) and runs it. Each contender runs in a child process of its own (one
+shows (one Keras weight of two shards) and runs it. tfdist runs the tutorial
+again with `input_service="chief"` (its fit half's workers read the dataset
+from a tf.data service). Each contender runs in a child process of its own (one
 in-process cluster each). Asynchronous training with unseeded per-worker pipelines has no
 one-device result to equal, so the tests check what the tutorial shows
 and what a user relies on: every scheduled and fitted step counted once,
@@ -70,6 +72,9 @@ EVAL_STEPS = 2
 EVAL_BATCH_SIZE = 8
 CONTENDER_TIMEOUT_S = 300
 PS_CONTENDERS = ("tf", "tfdist")
+#: tfdist with `input_service="chief"`: the fit half's workers read the
+#: tutorial's dataset from a tf.data service in the chief.
+SERVICE_CONTENDER = "tfdist_input_service"
 # Keras 3 spells these differently (and refuses TF ops on symbolic inputs).
 reduce_mean = tf.keras.ops.mean if harness.KERAS_3 else tf.reduce_mean
 REDUCTION_NONE = None if harness.KERAS_3 else tf.keras.losses.Reduction.NONE
@@ -147,6 +152,9 @@ def _strategy(contender):
         tf.distribute.experimental.partitioners.MinSizePartitioner(
             min_shard_bytes=(256 << 10),
             max_shards=NUM_PS))
+    if contender == "tfdist_input_service":  # The workers read from a tf.data service.
+        return tfdist.ParameterServerStrategy(
+            cluster_resolver, variable_partitioner=variable_partitioner, input_service="chief")
     strategy_class = (
         tfdist.ParameterServerStrategy
         if contender == "tfdist"
@@ -426,7 +434,7 @@ class ParameterServerTutorialTest(harness.ConformanceTestCase):
                 contender_process, num_workers=1, args=(contender,),
                 timeout_s=CONTENDER_TIMEOUT_S,
             )[0]
-            for contender in harness.CONTENDERS
+            for contender in (*harness.CONTENDERS, SERVICE_CONTENDER)
         }
 
     def half(self, contender, name):
@@ -487,6 +495,9 @@ class ParameterServerTutorialTest(harness.ConformanceTestCase):
             self.half("one_device", "fit").values["fit_loss"],
             rtol=0.05,
         )
+
+    def test_tfdist_fit_half_reading_a_tf_data_service(self):
+        self.assert_fit_half_as_the_tutorial_shows(self.half(SERVICE_CONTENDER, "fit"))
 
     @pytest.mark.skipif(harness.KERAS_3, reason="tf-keras's own test of this half (TF's strategy runs it there too); Keras 3's is next")
     def test_custom_loop_half_under_tf_keras(self):
