@@ -14,14 +14,16 @@ created in the strategy's scope (`adopt`) sends its updates (`assign`,
 function the step ledger records (`tracing(ticket)`), the `j`-th update of
 variable `v` in the function is traced on `v`'s ps task as:
 
-    with device(v.device):
-        seen = ledger_v[ticket % SIZE]          # (ticket, updates applied)
-        applied = seen is (ticket, n) with n > j  # an earlier attempt applied it
+    with device(v.device):                  # slot, base: once per ps
+        seen = ledger_v[slot]                   # slot = ticket % SIZE; entries are
+                                                # ticket * STRIDE + updates applied
+        applied = seen > base + j               # base = ticket * STRIDE: an earlier
+                                                # attempt of this ticket applied it
     additive (assign_add/sub, scatter_add/sub, scatter_nd_add/sub):
-        v.update(delta * (0 if applied else 1))
-        then ledger_v[ticket % SIZE] = seen if applied else (ticket, j + 1)
+        v.update(0 if applied else delta)
+        then ledger_v[slot] = max(ledger_v[slot], base + j + 1)
     any other (assign, scatter_update, ...): one If op
-        if not applied: v.update(...); ledger_v[ticket % SIZE] = (ticket, j + 1)
+        if not applied: v.update(...); then the same max()
 
 The write and its record run on the ps once their inputs (the update's
 values, computed on the worker) are there, without the worker. So a
@@ -34,7 +36,9 @@ update is traced in the step itself or a `cond` branch of it (an update
 in a loop body or a nested `tf.function`, traced once and run many times,
 runs ungated, with a warning). (The
 additive form has no branch: an If op per update cost 23% of steps/s on a
-small model under Keras 3, the zeroed delta 10%; benchmarks/RESULTS.md.)
+small model under Keras 3, the zeroed delta 10%; with the slot and base
+computed once per ps and a `scatter_nd_max` record, 6 ops per update, the
+cost is below the benchmark's run-to-run spread; benchmarks/RESULTS.md.)
 
 Tested: workers killed in the middle of a step, after part of its updates
 reached the ps (tests/integration/parameter_server_fault_test.py): each
@@ -135,8 +139,7 @@ def _masked(delta: Any, applied: tf.Tensor, dtype: tf.DType) -> Any:
     """`delta`, or zeros where `applied` (dense or `IndexedSlices`; an Inf or NaN delta too)."""
 
     def zeroed(values: Any) -> tf.Tensor:
-        values = tf.convert_to_tensor(values, dtype)
-        return tf.where(applied, tf.zeros_like(values), values)
+        return tf.where(applied, tf.zeros([], dtype), tf.convert_to_tensor(values, dtype))
 
     if isinstance(delta, tf.IndexedSlices):
         return tf.IndexedSlices(zeroed(delta.values), delta.indices, delta.dense_shape)
@@ -163,6 +166,26 @@ class _Trace:
     def __init__(self, ticket: tf.Tensor) -> None:
         self.ticket = ticket
         self.updates: dict[int, int] = {}
+        self._keys: dict[tuple[int, str], tuple[tf.Tensor, tf.Tensor, tf.Tensor]] = {}
+
+    def keys_on(self, device: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(slot, base, base as a vector) of the ticket, computed once per device and graph.
+
+        `slot` indexes the ledgers (`ticket % SIZE`); `base` is
+        `ticket * _STRIDE`, the entry of the ticket with no update applied.
+        Made in the graph being built (a `cond` branch has its own: its
+        tensors cannot be used outside it), on `device`: only the ticket
+        travels there.
+        """
+        graph = tf.compat.v1.get_default_graph()
+        key = (id(graph), device)
+        if key not in self._keys:
+            with tf.device(device):
+                base = self.ticket * _STRIDE
+                self._keys[key] = (
+                    self.ticket % step_ledger.SIZE, base, tf.reshape(base, [1])
+                )
+        return self._keys[key]
 
 
 class UpdateGate:
@@ -292,18 +315,18 @@ class UpdateGate:
         ledger = self.ledger(variable)
         index = trace.updates.get(id(variable), 0)
         trace.updates[id(variable)] = index + 1
-        ticket = trace.ticket
+        slot, base, base_vector = trace.keys_on(variable.device)
         with tf.device(variable.device):
-            slot = ticket % step_ledger.SIZE
+            # Entries are ticket * _STRIDE + updates applied, and an older
+            # ticket's entry is below `base`: applied iff above base + index.
             seen = tf.gather(ledger, slot)
-            applied = tf.logical_and(
-                tf.equal(seen // _STRIDE, ticket), seen % _STRIDE > index
-            )
-            record = tf.where(applied, seen, ticket * _STRIDE + index + 1)
+            applied = tf.greater(seen, base + index if index else base)
+            slot_index = tf.reshape(slot, [1, 1])
             delta_at = _ADDITIVE.get(method)
             if delta_at is not None and len(args) > delta_at:
                 # An additive update: a zero delta when applied, then the
-                # record (no branch; the record waits for the write).
+                # record (no branch; the record waits for the write, and
+                # max() keeps an entry already past this update).
                 masked = list(args)
                 masked[delta_at] = _masked(args[delta_at], applied, variable.dtype)
                 self._local.applying = True
@@ -312,9 +335,7 @@ class UpdateGate:
                 finally:
                     self._local.applying = False
                 with tf.control_dependencies([_op_of(written)]):
-                    mark = ledger.scatter_nd_update(
-                        tf.reshape(slot, [1, 1]), tf.reshape(record, [1])
-                    )
+                    mark = ledger.scatter_nd_max(slot_index, base_vector + (index + 1))
                 with tf.control_dependencies([mark]):
                     return tf.logical_not(applied)
 
@@ -330,9 +351,7 @@ class UpdateGate:
                     op for op in graph.get_operations()[before:] if step_ledger.is_stateful(op)
                 ]
                 with tf.control_dependencies(effects):
-                    mark = ledger.scatter_nd_update(
-                        tf.reshape(slot, [1, 1]), tf.reshape(ticket * _STRIDE + index + 1, [1])
-                    )
+                    mark = ledger.scatter_nd_max(slot_index, base_vector + (index + 1))
                 with tf.control_dependencies([mark]):
                     return tf.identity(tf.constant(True))
 

@@ -130,7 +130,8 @@ class UpdateGateTest(tf.test.TestCase):
         self.assertLen([op for op in ops if op.type == "AssignAddVariableOp"], 2)
         self.assertLen([op for op in ops if op.type == "ResourceScatterAdd"], 1)
         # One record per update, and the step ledger's own mark.
-        self.assertLen([op for op in ops if op.type == "ResourceScatterNdUpdate"], 4)
+        self.assertLen([op for op in ops if op.type == "ResourceScatterNdMax"], 3)
+        self.assertLen([op for op in ops if op.type == "ResourceScatterNdUpdate"], 1)
 
     def test_an_assignment_is_skipped_when_a_first_attempt_applied_it(self):
         c = self.gate.adopt(tf.Variable(0.0), _local_ledger)
