@@ -14,9 +14,9 @@ worker, on a ps task:
     function(ticket, *args):                    # traced: `record(fn)`
         outputs = fn(*args)                     # the step: updates on the ps,
                                                 # each gated by ticket (update_gate)
-        after every stateful op above:          # all updates applied
+        after every write above:                # all updates applied
             ledger[ticket % SIZE] = ticket      # one scatter, on the ledger's ps
-        return outputs
+        return outputs                          # (they wait for the mark)
     re-run of ticket t (scheduler, on the chief, before calling it again):
         if ledger[t % SIZE] == t: skip it       # it had finished
 
@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from tfdist.parameter_server import input_packing
+
 if TYPE_CHECKING:
     from tfdist.parameter_server import update_gate
 
@@ -57,27 +59,64 @@ class Recorded:
     """A compiled function taking a ticket first, whose finishing the ledger records.
 
     Attributes:
-      function: The `ConcreteFunction` (`function(ticket, *args)`).
+      function: The `ConcreteFunction`: `function(ticket, *args)`, or, with
+        a layout, `function(packed)` of the ticket and args packed by it.
       ledger: Where it records finishing.
+      layout: How the ticket and args travel as one tensor
+        (`input_packing`), or None: each as it is.
     """
 
     function: Any  # A tf ConcreteFunction (untyped upstream).
     ledger: StepLedger
+    layout: input_packing.Layout | None = None
 
     def __call__(self, ticket: int, *args: Any) -> Any:
-        return self.function(tf.constant(ticket, tf.int64), *args)
+        # The inputs are made on the chief, outside the worker's device
+        # scope the caller runs in: made there, each would be copied to the
+        # worker at once, blocking every Python thread (about 0.5 ms per
+        # tensor); made here, the call sends them with itself.
+        # (The call itself stays in the caller's scope: it runs there.)
+        with tf.device(None):
+            if self.layout is not None:
+                packed = tf.constant(self.layout.pack(ticket, args))
+            else:
+                ticket_tensor = tf.constant(ticket, tf.int64)
+        if self.layout is not None:
+            return self.function(packed)
+        return self.function(ticket_tensor, *args)
 
 
 class RecordedFunction:
-    """`tf.function(record(fn))`, traced per input signature into `Recorded`s."""
+    """`record(fn)` compiled per input signature into `Recorded`s.
+
+    A signature of small dense numeric tensors is compiled to take its
+    ticket and args packed into one tensor (`input_packing`): one transfer
+    from the chief per call instead of one per tensor.
+    """
 
     def __init__(self, ledger: StepLedger, fn: Callable[..., Any], autograph: bool) -> None:
         self._ledger = ledger
-        self._function = tf.function(ledger.record(fn), autograph=autograph)
+        self._recorded = ledger.record(fn)
+        self._autograph = autograph
+        self._function = tf.function(self._recorded, autograph=autograph)
 
     def get_concrete_function(self, *specs: Any) -> Recorded:
         """Traces for the argument specs after the ticket."""
-        return Recorded(self._function.get_concrete_function(TICKET_SPEC, *specs), self._ledger)
+        layout = input_packing.Layout.of(specs)
+        if layout is None:
+            return Recorded(
+                self._function.get_concrete_function(TICKET_SPEC, *specs), self._ledger
+            )
+        recorded = self._recorded
+
+        def unpacking(packed: tf.Tensor) -> Any:
+            ticket, args = layout.unpack(packed)
+            return recorded(ticket, *args)
+
+        function = tf.function(unpacking, autograph=self._autograph)
+        return Recorded(
+            function.get_concrete_function(input_packing.Layout.SPEC), self._ledger, layout
+        )
 
 
 class StepLedger:
@@ -123,11 +162,13 @@ class StepLedger:
         return RecordedFunction(self, fn, autograph)
 
     def record(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """`fn(*args)` as `recorded(ticket, *args)`, which marks `ticket` once fn's effects ran.
+        """`fn(*args)` as `recorded(ticket, *args)`, which marks `ticket` once fn's writes ran.
 
-        To be traced: the mark depends on every stateful op `fn` created
-        (its updates of variables on the ps tasks), and the outputs on the
-        mark, so outputs that reach the chief imply a recorded function.
+        To be traced: the mark depends on every write `fn` created (its
+        updates of variables on the ps tasks; `writes_done`), and the
+        outputs on the mark (`tf.function`'s automatic control dependencies
+        make a function's outputs wait for its stateful ops), so outputs
+        that reach the chief imply a recorded function.
         """
         ledger = self._ledger()
         gate = self._gate
@@ -136,16 +177,12 @@ class StepLedger:
             with gate.tracing(ticket) if gate is not None else contextlib.nullcontext():
                 outputs = fn(*args)
             graph = tf.compat.v1.get_default_graph()
-            effects = [op for op in graph.get_operations() if is_stateful(op)]
-            leaves = [t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)]
-            with tf.control_dependencies(effects + leaves):
-                mark = ledger.scatter_nd_update(
-                    tf.reshape(ticket % SIZE, [1, 1]), tf.reshape(ticket, [1])
-                )
-            with tf.control_dependencies([mark]):
-                return tf.nest.map_structure(
-                    lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, outputs
-                )
+            # On the ledger's device: the ticket is all that travels there.
+            with tf.device(ledger.device), tf.control_dependencies(
+                writes_done(graph, graph.get_operations())
+            ):
+                ledger.scatter_nd_update(tf.reshape(ticket % SIZE, [1, 1]), tf.reshape(ticket, [1]))
+            return outputs
 
         return recorded
 
@@ -153,6 +190,49 @@ class StepLedger:
         """Whether the function of `ticket` recorded its finishing (reads the ps; blocks)."""
         ledger = self._ledger()
         return int(tf.gather(ledger, ticket % SIZE).numpy()) == ticket
+
+
+#: Stateful ops that only read state: finishing a function does not wait on them.
+_READS = frozenset(
+    {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VarIsInitializedOp", "VariableShape"}
+)
+
+
+def writes_done(graph: Any, ops: list[tf.Operation]) -> list[tf.Operation]:
+    """What to depend on so as to run after every write among `ops`: one `NoOp` per device.
+
+    A cross-device control edge costs a transfer per edge (TF's graph
+    partitioner sends a dummy tensor for each); a step writes tens of
+    variables on each ps. Grouped on their device first, the writes of one
+    ps task reach another device as one edge. An op's device is its own,
+    or that of the variable whose captured handle it takes (its placement
+    is the variable's); a write whose device is unknown is depended on
+    directly.
+
+    Args:
+      graph: The function graph being traced (a `FuncGraph`: its captures
+        give the variables' devices).
+      ops: Ops of `graph`; the stateful ones that may write are waited for.
+    """
+    handle_devices = {
+        id(internal): external.device
+        for external, internal in getattr(graph, "captures", ())
+        if getattr(external, "device", "")
+    }
+    by_device: dict[str, list[tf.Operation]] = {}
+    unplaced: list[tf.Operation] = []
+    for op in ops:
+        if op.type in _READS or not is_stateful(op):
+            continue
+        device = op.device or next(
+            (handle_devices[id(t)] for t in op.inputs if id(t) in handle_devices), ""
+        )
+        (by_device.setdefault(device, []) if device else unplaced).append(op)
+    grouped = []
+    for device, writes in by_device.items():
+        with tf.device(device), tf.control_dependencies(writes):
+            grouped.append(tf.no_op(name="writes_done"))
+    return grouped + unplaced
 
 
 def is_stateful(op: tf.Operation) -> bool:
