@@ -100,7 +100,12 @@ class AsyncRunner:
         return self.ledger.function(steps, autograph=not keras3)
 
     def submit(
-        self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
+        self,
+        function: Callable[[Any], Any],
+        batches: tuple[Any, ...],
+        steps_per_function: int,
+        *,
+        logs_wanted: bool = True,
     ) -> Any:
         with self._strategy.scope():
             return self._scheduler.schedule(
@@ -108,6 +113,7 @@ class AsyncRunner:
                 (batches,),
                 num_steps=len(batches),
                 steps_per_function=steps_per_function,
+                keep_outputs=logs_wanted,
             )
 
     def result(self, handle: Any) -> Any:

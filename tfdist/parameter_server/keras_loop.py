@@ -23,9 +23,12 @@ batch is trained on exactly once per epoch; a step whose worker fails is
 run again by another worker *with the same batch* (TF's coordinator
 re-queues it with its arguments).
 
-Logs: per-step logs (the progress bar) are those of the latest step that
-has finished, which lags the steps scheduled by up to `max_in_flight`;
-after an epoch Keras reads the metrics themselves, after the barrier:
+Logs: per-step logs (the progress bar) are those of the latest finished
+step among those whose logs were asked for, one every `_LOGS_INTERVAL_S`
+(the outputs of the others stay on their worker: copying every step's
+to the chief cost a transfer per output tensor and the GIL); they lag the
+steps scheduled by up to `max_in_flight`. After an epoch Keras reads the
+metrics themselves, after the barrier:
 every worker's updates counted (metric variables live on the ps and their
 updates are atomic, see `keras_ps.make_counters_exact`).
 
@@ -49,8 +52,9 @@ from tfdist.parameter_server import service_input
 
 __all__ = ["ChiefDataset", "ChiefIterator", "KerasLoop", "StepRunner"]
 
-#: Least time between two fetches of a finished step's logs (for the
-#: progress bar; each fetch is a copy from a worker on the loop's thread).
+#: Least time between two steps whose logs are fetched (for the progress
+#: bar; each fetch is a copy from a worker). Other steps' outputs are
+#: dropped on their worker.
 _LOGS_INTERVAL_S = 0.25
 #: Batches the chief reads ahead of Keras's loop.
 _READ_AHEAD = 4
@@ -70,12 +74,18 @@ class StepRunner(Protocol):
         """
 
     def submit(
-        self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
+        self,
+        function: Callable[[Any], Any],
+        batches: tuple[Any, ...],
+        steps_per_function: int,
+        *,
+        logs_wanted: bool = True,
     ) -> Any:
         """Starts `function(batches)`; returns a handle for `result`.
 
         `steps_per_function`: the most batches any function of this loop
-        takes (Keras's `steps_per_execution`).
+        takes (Keras's `steps_per_execution`). `logs_wanted=False`: the
+        outputs need not reach the chief (`result` may return None).
         """
 
     def result(self, handle: Any) -> Any:
@@ -249,7 +259,10 @@ class KerasLoop:
         self._compiled: dict[tuple[str, str], Callable[..., Any]] = {}
         self._functions: dict[str, Callable[[Any], Any]] = {}
         self._logs: dict[str, Any] | None = None
-        self._logs_fetched_s = 0.0
+        # The latest step whose logs are wanted (fetched once it finishes),
+        # and when it was submitted.
+        self._logs_due: Any = None
+        self._logs_asked_s = 0.0
         keras_ps.install_functions(
             model,
             self,
@@ -320,28 +333,35 @@ class KerasLoop:
     def _run_steps(self, kind: str, iterator: Any) -> Any:
         count = keras_ps.steps_per_execution(self._model)
         self._latest_kind = kind
+        now = time.monotonic()
+        wanted = self._logs is None or now - self._logs_asked_s >= _LOGS_INTERVAL_S
         if isinstance(iterator, service_input.ServiceIterator):
             assert self._reading is not None
             if iterator.exhausted:  # As a dataset's iterator at its end.
                 raise StopIteration
             synchronous = False
+            # Its result (what it read) always comes back, logs included.
             handle = self._reading.submit(
                 iterator, self._reading_function(kind, iterator, count), count
             )
             self._passes[kind].add(iterator)
         else:
             synchronous = not isinstance(iterator, ChiefIterator) or iterator.synchronous
+            wanted = wanted or synchronous
             batches = _pull(iterator, count)
-            handle = self._runner.submit(self._function(kind, batches), batches, count)
+            handle = self._runner.submit(
+                self._function(kind, batches), batches, count, logs_wanted=wanted
+            )
+        if wanted:
+            self._logs_due, self._logs_asked_s = handle, now
         finished = self._runner.finished()
-        now = time.monotonic()
         if synchronous or self._logs is None:
             self._logs = self._logs_of(handle)
             self._runner.finished()
-            self._logs_fetched_s = now
-        elif finished and now - self._logs_fetched_s >= _LOGS_INTERVAL_S:
-            self._logs = self._logs_of(finished[-1])
-            self._logs_fetched_s = now
+            self._logs_due = None
+        elif self._logs_due is not None and any(h is self._logs_due for h in finished):
+            self._logs = self._logs_of(self._logs_due)
+            self._logs_due = None
         return self._logs
 
     def _logs_of(self, handle: Any) -> Any:

@@ -106,11 +106,14 @@ class Step:
       num_steps: Steps (batches) the function runs, one after another.
       overlap_steps: Steps of other functions that ran while this one
         ran (an upper bound on its staleness).
+      keep_outputs: Whether its outputs are copied to the chief (else they
+        are dropped on the worker and its result is None).
     """
 
     index: int
     scheduled_s: float
     num_steps: int = 1
+    keep_outputs: bool = True
     overlap_steps: int = 0
     remote: Any = None
     worker: int | None = None
@@ -186,21 +189,30 @@ class StepScheduler:
         *,
         num_steps: int = 1,
         steps_per_function: int = 1,
+        keep_outputs: bool = True,
     ) -> Step:
         """Queues `function(*args)` for the next free worker; returns its `Step`.
 
         `function` is a compiled step (a `ConcreteFunction`, traced on this
         thread) running `num_steps` steps; `steps_per_function` is the most
         any function of this loop runs (Keras's `steps_per_execution`).
-        Blocks while the window (`staleness_window`) is full, waiting for
-        the oldest (bounded as `wait`).
+        With `keep_outputs=False` its outputs stay on the worker and are
+        dropped (TF's coordinator copies a function's outputs to the chief
+        as soon as it finishes: a transfer per output tensor); its `result`
+        is then None. Blocks while the window (`staleness_window`) is full,
+        waiting for the oldest (bounded as `wait`).
         """
         window = staleness_window(
             self._max_staleness, max(steps_per_function, num_steps), self._max_in_flight
         )
         while len(self._in_flight) >= window:
             self.wait(self._in_flight[0])
-        step = Step(index=self._count, scheduled_s=time.monotonic(), num_steps=num_steps)
+        step = Step(
+            index=self._count,
+            scheduled_s=time.monotonic(),
+            num_steps=num_steps,
+            keep_outputs=keep_outputs,
+        )
         self._count += 1
         step.remote = ps_runtime.schedule_python(
             self._coordinator, self._run, (step, function, tuple(args))
@@ -237,7 +249,7 @@ class StepScheduler:
             self.executions_by_worker[step.worker] += int(ran)
             self.largest_staleness_seen = max(self.largest_staleness_seen, step.overlap_steps)
         step.done.set()
-        return result
+        return result if step.keep_outputs else None
 
     def _call(
         self, step: Step, function: Callable[..., Any], args: tuple[Any, ...]

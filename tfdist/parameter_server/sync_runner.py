@@ -199,10 +199,18 @@ class SyncRunner:
         return _SyncTrainFunction(self, model, keras3)
 
     def submit(
-        self, function: Callable[[Any], Any], batches: tuple[Any, ...], steps_per_function: int
+        self,
+        function: Callable[[Any], Any],
+        batches: tuple[Any, ...],
+        steps_per_function: int,
+        *,
+        logs_wanted: bool = True,
     ) -> Any:
+        # A sync step's logs come with its slices (kept: they are few).
         if not isinstance(function, _SyncSteps):
-            return self._async.submit(function, batches, steps_per_function)
+            return self._async.submit(
+                function, batches, steps_per_function, logs_wanted=logs_wanted
+            )
         last = None
         with self.strategy.scope():
             for batch in batches:
