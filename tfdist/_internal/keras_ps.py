@@ -61,7 +61,8 @@ __all__ = [
     "steps_per_execution",
 ]
 
-#: How many frames above `experimental_distribute_dataset` to look at.
+#: How many frames up a stack walk of this module looks (from `experimental_distribute_dataset`,
+#: or a step function called by a Keras loop).
 _MAX_FRAMES = 12
 #: Keras methods that distribute a dataset for one loop, by front end.
 _KERAS3_METHODS = ("fit", "evaluate", "predict")
@@ -315,11 +316,35 @@ def _patch_exact(variable: Any) -> None:
 
 
 def steps_per_execution(model: Any) -> int:
-    """Batches each call of the model's train/test/predict function takes."""
+    """Batches the model's train/test/predict function takes in the call being made.
+
+    To be called by that function. tf-keras keeps the count in a variable
+    (on a ps task under a parameter-server strategy), which its
+    `DataHandler` reads before each call and lowers for a last, partial
+    group of steps; the handler's `_step_increment` holds the count minus
+    one. So it is taken from the `data_handler` of the calling `fit`,
+    `evaluate` or `predict` (at most `_MAX_FRAMES` frames up) rather than
+    read from the ps again; the variable is read only outside those loops
+    (`train_on_batch` ...).
+    """
     if is_keras3_model(model):
         return int(model.steps_per_execution)
     variable = getattr(model, "_steps_per_execution", None)
-    return 1 if variable is None else int(variable.numpy())
+    if variable is None:
+        return 1
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            break
+        handler: Any = frame.f_locals.get("data_handler")
+        if (
+            type(handler).__name__ == "DataHandler"
+            and getattr(handler, "_steps_per_execution", None) is variable
+            and isinstance(getattr(handler, "_step_increment", None), int)
+        ):
+            return int(handler._step_increment) + 1
+        frame = frame.f_back
+    return int(variable.numpy())
 
 
 def increment_step_counter(model: Any, kind: str, steps: int) -> None:
