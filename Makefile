@@ -73,6 +73,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/multiworker.py --workload=compute_bound --keras=keras3
 	$(PY) benchmarks/cross_worker_latency.py
 	$(PY) benchmarks/ps.py
+	$(PY) benchmarks/ps_rpcs.py --only="tfdist async, Keras 3" --only="TF ParameterServerStrategy, tf-keras"
 	$(PY) benchmarks/embedding.py
 
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs

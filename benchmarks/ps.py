@@ -23,7 +23,10 @@ data. Configurations:
   process instead of receiving them with each step
   (`tfdist.parameter_server.service_input`).
 
-Steps/s is measured over the second epoch (the first includes tracing).
+Steps/s is measured over the second epoch (the first includes tracing),
+and so is the CPU time of the whole process (chief, workers and ps tasks
+all run in it) per step: on a machine of few cores, where every task
+competes for them, CPU per step varies less from run to run than steps/s.
 Configurations alternate per round; medians are reported. Keras 3 cannot
 run TF's strategy at all (its `fit` has no ClusterCoordinator path), so
 the TF baseline is tf-keras.
@@ -60,8 +63,10 @@ _ONLY = flags.DEFINE_multi_string(
 )
 
 
-def measure(strategy_name: str, mode: str, steps: int) -> float:
-    """Runs in the child: steps/s of the second epoch."""
+def measure(strategy_name: str, mode: str, steps: int) -> tuple[float, float]:
+    """Runs in the child: steps/s and CPU ms per step (whole process) of the second epoch."""
+    import os
+
     import numpy as np
     import tensorflow as tf
 
@@ -103,19 +108,22 @@ def measure(strategy_name: str, mode: str, steps: int) -> float:
         def __init__(self):
             super().__init__()
             self.seconds = []
+            self.cpu_seconds = []
 
         def on_epoch_begin(self, epoch, logs=None):
             self.start = time.perf_counter()
+            self.cpu_start = sum(os.times()[:2])
 
         def on_epoch_end(self, epoch, logs=None):
             self.seconds.append(time.perf_counter() - self.start)
+            self.cpu_seconds.append(sum(os.times()[:2]) - self.cpu_start)
 
     clock = EpochClock()
     if strategy_name.startswith("tfdist"):
         model.fit(dataset, epochs=2, verbose=0, callbacks=[clock])
     else:  # TF's path needs an infinite dataset and steps_per_epoch.
         model.fit(dataset.repeat(), epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[clock])
-    return steps / clock.seconds[1]
+    return steps / clock.seconds[1], 1000 * clock.cpu_seconds[1] / steps
 
 
 def main(argv: Sequence[str]) -> None:
@@ -127,9 +135,10 @@ def main(argv: Sequence[str]) -> None:
         if _ONLY.value is None or name in _ONLY.value or name == baseline_name
     }
     results: dict[str, list[float]] = {name: [] for name in chosen}
+    cpu: dict[str, list[float]] = {name: [] for name in chosen}
     for round_index in range(_ROUNDS.value):
         for name, (strategy_name, mode, legacy) in chosen.items():
-            (rate,) = run_local_cluster(
+            ((rate, cpu_ms),) = run_local_cluster(
                 measure,
                 num_workers=1,
                 args=(strategy_name, mode, _STEPS.value),
@@ -137,13 +146,25 @@ def main(argv: Sequence[str]) -> None:
                 timeout_s=600,
             )
             results[name].append(rate)
-            print(f"round {round_index + 1}: {name}: {rate:.1f} steps/s", flush=True)
+            cpu[name].append(cpu_ms)
+            print(
+                f"round {round_index + 1}: {name}: {rate:.1f} steps/s, {cpu_ms:.2f} CPU ms/step",
+                flush=True,
+            )
     baseline = statistics.median(results[baseline_name])
-    print("\n| configuration | steps/s (median) | vs TF's PS strategy (tf-keras) |")
-    print("|---|---|---|")
+    baseline_cpu = statistics.median(cpu[baseline_name])
+    print(
+        "\n| configuration | steps/s (median) | vs TF's PS strategy (tf-keras) "
+        "| CPU ms/step (median) | CPU vs TF's |"
+    )
+    print("|---|---|---|---|---|")
     for name, rates in results.items():
         median = statistics.median(rates)
-        print(f"| {name} | {median:.1f} | {median / baseline:.2f}x |")
+        median_cpu = statistics.median(cpu[name])
+        print(
+            f"| {name} | {median:.1f} | {median / baseline:.2f}x | {median_cpu:.2f} "
+            f"| {median_cpu / baseline_cpu:.2f}x |"
+        )
 
 
 if __name__ == "__main__":
