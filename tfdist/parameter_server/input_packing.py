@@ -99,9 +99,10 @@ class Layout:
 
     def pack(self, ticket: int, args: tuple[Any, ...]) -> np.ndarray:
         """`ticket` and `args` (matching the specs) as one uint8 vector."""
+        # In the specs' dtypes: a Python number's spec is 32-bit, its array 64.
         arrays = [
-            None if leaf is None else np.asarray(leaf)
-            for leaf in tf.nest.flatten(args)
+            None if spec is None else np.asarray(leaf, dtype=spec.dtype.as_numpy_dtype)
+            for leaf, spec in zip(tf.nest.flatten(args), self._leaves, strict=True)
         ]
         present = [a for a in arrays if a is not None]
         header = np.array([ticket] + [d for a in present for d in a.shape], np.int64)

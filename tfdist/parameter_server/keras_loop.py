@@ -286,7 +286,7 @@ class KerasLoop:
             for iterator in list(self._passes[kind]):
                 if not iterator.drained:
                     self._reading.settle(iterator, self._reading_function(kind, iterator, 1))
-        self._logs = None
+        self._logs = self._logs_due = None
 
     def _variables(self) -> list[Any]:
         model = self._model
@@ -334,7 +334,11 @@ class KerasLoop:
         count = keras_ps.steps_per_execution(self._model)
         self._latest_kind = kind
         now = time.monotonic()
-        wanted = self._logs is None or now - self._logs_asked_s >= _LOGS_INTERVAL_S
+        # One step's logs asked for at a time (a newer one asked for before
+        # the last finished would never be the one finishing).
+        wanted = self._logs is None or (
+            self._logs_due is None and now - self._logs_asked_s >= _LOGS_INTERVAL_S
+        )
         if isinstance(iterator, service_input.ServiceIterator):
             assert self._reading is not None
             if iterator.exhausted:  # As a dataset's iterator at its end.
@@ -354,15 +358,20 @@ class KerasLoop:
             )
         if wanted:
             self._logs_due, self._logs_asked_s = handle, now
-        finished = self._runner.finished()
         if synchronous or self._logs is None:
             self._logs = self._logs_of(handle)
             self._runner.finished()
             self._logs_due = None
-        elif self._logs_due is not None and any(h is self._logs_due for h in finished):
+        else:
+            self._take_finished()
+        return self._logs
+
+    def _take_finished(self) -> None:
+        """Clears the runner's finished steps; takes the logs of the one asked for, if among them."""
+        finished = self._runner.finished()
+        if self._logs_due is not None and any(h is self._logs_due for h in finished):
             self._logs = self._logs_of(self._logs_due)
             self._logs_due = None
-        return self._logs
 
     def _logs_of(self, handle: Any) -> Any:
         """A finished step's logs; for a step not run again (None), the latest logs known."""
@@ -386,5 +395,5 @@ class KerasLoop:
             self._function("predict", batches), batches, max(count, len(batches))
         )
         outputs = self._runner.result(handle)
-        self._runner.finished()
+        self._take_finished()
         return outputs

@@ -177,10 +177,9 @@ class StepLedger:
             with gate.tracing(ticket) if gate is not None else contextlib.nullcontext():
                 outputs = fn(*args)
             graph = tf.compat.v1.get_default_graph()
+            written = writes_done(graph, graph.get_operations())  # Outside the scope below.
             # On the ledger's device: the ticket is all that travels there.
-            with tf.device(ledger.device), tf.control_dependencies(
-                writes_done(graph, graph.get_operations())
-            ):
+            with tf.device(ledger.device), tf.control_dependencies(written):
                 ledger.scatter_nd_update(tf.reshape(ticket % SIZE, [1, 1]), tf.reshape(ticket, [1]))
             return outputs
 
@@ -206,7 +205,7 @@ def writes_done(graph: Any, ops: list[tf.Operation]) -> list[tf.Operation]:
     variables on each ps. Grouped on their device first, the writes of one
     ps task reach another device as one edge. An op's device is its own,
     or that of the variable whose captured handle it takes (its placement
-    is the variable's); a write whose device is unknown is depended on
+    is the variable's); a write whose task is unknown is depended on
     directly.
 
     Args:
@@ -224,15 +223,22 @@ def writes_done(graph: Any, ops: list[tf.Operation]) -> list[tf.Operation]:
     for op in ops:
         if op.type in _READS or not is_stateful(op):
             continue
-        device = op.device or next(
+        # An op made in a replica's scope names only its device type
+        # ("/device:CPU:0"); the variable's handle names the task.
+        device = op.device if _names_task(op.device) else ""
+        device = device or next(
             (handle_devices[id(t)] for t in op.inputs if id(t) in handle_devices), ""
         )
-        (by_device.setdefault(device, []) if device else unplaced).append(op)
+        (by_device.setdefault(device, []) if _names_task(device) else unplaced).append(op)
     grouped = []
     for device, writes in by_device.items():
         with tf.device(device), tf.control_dependencies(writes):
             grouped.append(tf.no_op(name="writes_done"))
     return grouped + unplaced
+
+
+def _names_task(device: str) -> bool:
+    return bool(device) and tf.DeviceSpec.from_string(device).job is not None
 
 
 def is_stateful(op: tf.Operation) -> bool:

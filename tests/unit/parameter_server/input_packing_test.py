@@ -39,6 +39,14 @@ class InputPackingTest(tf.test.TestCase):
             self.assertAllEqual(got.shape, sent.shape)
             self.assertEqual(got.numpy().tobytes(), sent.numpy().tobytes())
 
+    def test_values_are_packed_in_the_dtypes_of_the_signature(self):
+        # A Python number's spec is 32-bit where numpy makes it 64-bit.
+        args = (3, 2.5, tf.constant([1.0, 2.0]))
+        layout = input_packing.Layout.of(tuple(tf.type_spec_from_value(a) for a in args))
+        _, (i, f, v) = layout.unpack(tf.constant(layout.pack(1, args)))
+        self.assertEqual((int(i), float(f)), (3, 2.5))
+        self.assertAllEqual(v, [1.0, 2.0])
+
     def test_unpacked_tensors_keep_the_static_shape_of_the_signature(self):
         specs = ((tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int32)),)
         layout = input_packing.Layout.of(specs)

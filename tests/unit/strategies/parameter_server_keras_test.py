@@ -129,6 +129,26 @@ class InstallFunctionsTest(tf.test.TestCase):
         # Once per epoch and per evaluate, never from inside a traced step.
         self.assertGreaterEqual(calls["barrier"], 3)
 
+    def test_steps_per_execution_is_the_count_of_the_call_being_made(self):
+        # tf-keras lowers its variable for a last, partial group of steps;
+        # tfdist takes the count from the calling loop's DataHandler.
+        model = _model(tf.distribute.get_strategy())
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+        counts = []
+        make = model.make_train_function()
+        keras_train = make if make is not None else model.train_function
+
+        def train(data):
+            counts.append(keras_ps.steps_per_execution(model))
+            return keras_train(data)
+
+        keras_ps.install_functions(
+            model, object(), train=train, test=None, predict=None, metrics_barrier=lambda: None
+        )
+        x, y = np.ones((16, 3), "float32"), np.zeros((16, 2), "float32")
+        model.fit(x, y, batch_size=2, verbose=0)  # 8 batches.
+        self.assertEqual(counts, [3, 3, 3] if KERAS_3 else [3, 3, 2])
+
     def test_other_instances_keep_keras_functions(self):
         model, other = _model(tf.distribute.get_strategy()), _model(tf.distribute.get_strategy())
         keras_ps.install_functions(
