@@ -21,6 +21,8 @@ Prints Keras's progress bar, then per-epoch test accuracy and examples/s
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -214,10 +216,13 @@ def train(config: TrainConfig) -> TrainResult:
               validation_data=(x_test, y_test), callbacks=callbacks, verbose=2)
     _, accuracy = model.evaluate(x_test, y_test, batch_size=config.global_batch_size,
                                  verbose=0)
-    if config.model_dir and strategy.extended.should_checkpoint:  # tfdist: chief only.
+    if config.model_dir and strategy.extended.should_checkpoint:  # tfdist: chief keeps it.
         path = f"{config.model_dir}/digits.weights.h5"
         model.save_weights(path)
         print(f"saved weights to {path}", flush=True)
+    elif config.model_dir:  # tfdist: other workers save too (tf-keras's save runs collectives).
+        with tempfile.TemporaryDirectory() as scratch:
+            model.save_weights(os.path.join(scratch, "digits.weights.h5"))
     if config.strategy == "layer_placement":  # tfdist: where each layer ran.
         print(strategy.placement_report(), flush=True)
     steady = throughput.rates[1:] or throughput.rates  # Epoch 1 includes tracing.
