@@ -17,8 +17,8 @@ vector and the step function unpacks them on the worker:
 The values the step sees are bit-for-bit those read on the chief, with the
 static shapes of the unpacked signature. Packing costs a copy on each side,
 so it is used only for examples of at most `MAX_EXAMPLE_BYTES` (tabular
-features, token ids, small images); larger batches go as they are, and so
-do strings, ragged and sparse tensors.
+features, token ids, small images) and calls of at most `MAX_CALL_BYTES`;
+larger ones go as they are, and so do strings, ragged and sparse tensors.
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["Layout", "MAX_EXAMPLE_BYTES"]
+__all__ = ["Layout", "MAX_CALL_BYTES", "MAX_EXAMPLE_BYTES", "small_enough"]
 
 #: Largest example (bytes over all tensors of a batch, per row) that is packed.
 MAX_EXAMPLE_BYTES = 4096
+#: Largest call (bytes over all its batches) that is packed: beyond it the
+#: copies cost more than the RPCs they save (and a tensor has at most 2 GiB).
+MAX_CALL_BYTES = 16 << 20
 
 _PACKABLE = frozenset(
     {
@@ -60,6 +63,17 @@ def _example_bytes(spec: tf.TensorSpec) -> int | None:
     if any(d is None for d in dims):
         return None
     return int(np.prod(dims, dtype=np.int64)) * spec.dtype.size
+
+
+def small_enough(values: Any) -> bool:
+    """Whether a call's dense tensors hold at most `MAX_CALL_BYTES` (its batches may be packed)."""
+    total = 0
+    for leaf in tf.nest.flatten(values):
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        if shape is not None and dtype is not None and shape.is_fully_defined():
+            total += shape.num_elements() * tf.as_dtype(dtype).size
+    return total <= MAX_CALL_BYTES
 
 
 class Layout:

@@ -48,7 +48,9 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tfdist._internal import keras_ps
+from tfdist.parameter_server import input_packing
 from tfdist.parameter_server import service_input
+from tfdist.parameter_server import step_ledger
 
 __all__ = ["ChiefDataset", "ChiefIterator", "KerasLoop", "StepRunner"]
 
@@ -303,15 +305,21 @@ class KerasLoop:
 
     def _function(self, kind: str, batches: tuple[Any, ...]) -> Callable[..., Any]:
         key, specs = _signature(batches)
+        # Recorded steps take small batches packed with their ticket; a
+        # large call goes unpacked (a trace of its own).
+        pack = input_packing.small_enough(batches)
+        key = f"{key} packed={pack}"
         compiled = self._compiled.get((kind, key))
         if compiled is None:
             self._before_trace()
             if kind not in self._functions:
                 self._functions[kind] = self._runner.compile(kind, self._model, self._keras3)
+            function: Any = self._functions[kind]
             with self._strategy.scope():
-                compiled = self._functions[kind].get_concrete_function(  # type: ignore[attr-defined]
-                    specs
-                )
+                if isinstance(function, step_ledger.RecordedFunction):
+                    compiled = function.get_concrete_function(specs, pack=pack)
+                else:
+                    compiled = function.get_concrete_function(specs)
             self._compiled[(kind, key)] = compiled
         return compiled
 

@@ -100,9 +100,9 @@ class RecordedFunction:
         self._autograph = autograph
         self._function = tf.function(self._recorded, autograph=autograph)
 
-    def get_concrete_function(self, *specs: Any) -> Recorded:
-        """Traces for the argument specs after the ticket."""
-        layout = input_packing.Layout.of(specs)
+    def get_concrete_function(self, *specs: Any, pack: bool = True) -> Recorded:
+        """Traces for the argument specs after the ticket (packed where they allow and `pack`)."""
+        layout = input_packing.Layout.of(specs) if pack else None
         if layout is None:
             return Recorded(
                 self._function.get_concrete_function(TICKET_SPEC, *specs), self._ledger

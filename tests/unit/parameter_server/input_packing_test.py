@@ -66,6 +66,23 @@ class InputPackingTest(tf.test.TestCase):
         ]:
             self.assertIsNone(input_packing.Layout.of(specs), specs)
 
+    def test_only_calls_of_at_most_max_call_bytes_are_packed(self):
+        rows = input_packing.MAX_CALL_BYTES // (4 * 16)
+        small = ((tf.zeros([rows, 16]), tf.zeros([rows], tf.int8)),)
+        self.assertFalse(input_packing.small_enough(small))  # rows more int8 bytes.
+        self.assertTrue(input_packing.small_enough(((tf.zeros([rows, 16]),),)))
+        self.assertTrue(input_packing.small_enough(((tf.zeros([64, 16]), None),)))
+
+    def test_a_recorded_step_traced_not_to_pack_takes_its_tensors_as_they_are(self):
+        ledger = step_ledger.StepLedger(tf.distribute.get_strategy())
+        specs = ((tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([None], tf.int32)),)
+        recorded = ledger.function(lambda batches: {"n": tf.size(batches[0][1])}, autograph=False)
+        unpacked = recorded.get_concrete_function(specs, pack=False)
+        self.assertIsNone(unpacked.layout)
+        outputs = unpacked(5, ((tf.zeros([3, 2]), tf.constant([1, 2, 3])),))
+        self.assertEqual(int(outputs["n"]), 3)
+        self.assertTrue(ledger.finished(5))
+
     def test_a_recorded_step_on_small_batches_takes_one_tensor_and_computes_the_same(self):
         ledger = step_ledger.StepLedger(tf.distribute.get_strategy())
         total = tf.Variable(0.0)
