@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import CodeType, FrameType
 from typing import Any
 
@@ -126,18 +126,24 @@ def calling_model() -> KerasCall | None:
     codes = _method_codes()
     if not codes:
         return None
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            return None
+    for frame in _frames_up(2):
         found = codes.get(frame.f_code)
         if found is not None:
             model = frame.f_locals.get("self")
             if model is None:
                 return None
             return KerasCall(model=model, method=found[0], keras3=found[1])
-        frame = frame.f_back
     return None
+
+
+def _frames_up(skip: int) -> Iterator[FrameType]:
+    """The caller's frames from its `sys._getframe(skip)` up, at most `_MAX_FRAMES` (a bounded walk)."""
+    frame: FrameType | None = sys._getframe(skip + 1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return
+        yield frame
+        frame = frame.f_back
 
 
 def data_batches() -> int | None:
@@ -150,10 +156,7 @@ def data_batches() -> int | None:
     `EpochIterator` (its `data_adapter.num_batches`) or a tf-keras
     `DataHandler` (its `_adapter.get_size()`).
     """
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            return None
+    for frame in _frames_up(2):
         owner: Any = frame.f_locals.get("self")
         size: Any
         if hasattr(owner, "data_adapter"):  # Keras 3.
@@ -162,7 +165,6 @@ def data_batches() -> int | None:
             get_size = getattr(getattr(owner, "_adapter", None), "get_size", None)
             size = get_size() if callable(get_size) else None
         else:
-            frame = frame.f_back
             continue
         return size if isinstance(size, int) and size > 0 else None
     return None
@@ -298,13 +300,9 @@ def creating_keras3_variable() -> Any:
     code = getattr(initialize, "__code__", None)
     if code is None:
         return None
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            return None
+    for frame in _frames_up(1):
         if frame.f_code is code:
             return frame.f_locals.get("self")
-        frame = frame.f_back
     return None
 
 
@@ -332,10 +330,7 @@ def steps_per_execution(model: Any) -> int:
     variable = getattr(model, "_steps_per_execution", None)
     if variable is None:
         return 1
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            break
+    for frame in _frames_up(1):
         handler: Any = frame.f_locals.get("data_handler")
         if (
             type(handler).__name__ == "DataHandler"
@@ -343,7 +338,6 @@ def steps_per_execution(model: Any) -> int:
             and isinstance(getattr(handler, "_step_increment", None), int)
         ):
             return int(handler._step_increment) + 1
-        frame = frame.f_back
     return int(variable.numpy())
 
 
