@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs each make target named, whatever the earlier ones did, then prints one
+# line per target (its exit status, wall time and closing line) and a total
+# of the pytest counts; exits 1 if any target failed. `make test` uses it so
+# that one red stage does not hide a second problem in a later one.
+#
+#   tools/run_stages.sh TARGET...      (MAKE names the make to run; default make)
+set -uo pipefail
+
+make_cmd=${MAKE:-make}
+failed=0
+rows=()
+declare -A totals=([passed]=0 [failed]=0 [skipped]=0)
+
+for target in "$@"; do
+  log=$(mktemp)
+  start=$SECONDS
+  "$make_cmd" --no-print-directory "$target" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  # pytest's closing lines ("N passed, M skipped in Ts"; one per pytest run
+  # of the target), else mypy's ("Success: ..." / "Found N errors ...").
+  closing=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s|^Success: |^Found [0-9]+ errors?" "$log")
+  stage_failures=0
+  while read -r count word; do
+    case $word in
+      passed|skipped) totals[$word]=$((totals[$word] + count)) ;;
+      failed|error|errors) stage_failures=$((stage_failures + count)) ;;
+    esac
+  done < <(grep -oE "[0-9]+ (passed|failed|skipped|errors?)\b" <<<"$closing" || true)
+  # A stage that failed without a count (mypy, a crash) counts once.
+  if [ "$rc" -ne 0 ] && [ "$stage_failures" -eq 0 ]; then stage_failures=1; fi
+  totals[failed]=$((totals[failed] + stage_failures))
+  rows+=("$(printf '%-26s rc %-3d %5ds  %s' "$target" "$rc" $((SECONDS - start)) "$(tr '\n' ';' <<<"$closing" | sed 's/;$//; s/;/; /g')")")
+  [ "$rc" -eq 0 ] || failed=1
+  rm -f "$log"
+done
+
+echo
+echo "Stages (target, exit status, wall time, closing lines):"
+printf '  %s\n' "${rows[@]}"
+if [ "$failed" -ne 0 ]; then
+  echo "At least one stage failed: see its output above."
+fi
+# The plain closing line, over every stage.
+echo "stages: ${totals[passed]} passed, ${totals[failed]} failed, ${totals[skipped]} skipped"
+exit "$failed"
