@@ -7,7 +7,9 @@ logs and `evaluate` must agree to float32 rounding. The model has an L2
 penalty (added once per step, not once per slice), Adam (whose state
 would drift if each slice were applied on its own) and a partial last
 batch (200 examples in batches of 32: slices of 4 and 4). Runs under Keras
-3 and tf-keras.
+3 and tf-keras. The same run also trains the model of Keras's guide
+"Customizing what happens in fit()", with the guide's own `train_step`
+(under Keras 3 it calls `optimizer.apply`, not `apply_gradients`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.conformance.user_patterns import CustomModel
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
 
@@ -27,6 +30,33 @@ BATCH_SIZE = 32
 NUM_BATCHES = 7
 EPOCHS = 3
 CLUSTER_TIMEOUT_S = 300
+
+
+def _build_custom(keras):
+    # The guide's model, train_step and compile arguments, on this file's 6 features.
+    inputs = keras.Input(shape=(6,))
+    outputs = keras.layers.Dense(1)(inputs)
+    model = CustomModel(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+
+
+def _custom_train_step_record(strategy, dataset) -> dict[str, object]:
+    keras = tf.keras
+    single = _build_custom(keras)
+    with strategy.scope():
+        model = _build_custom(keras)
+    model.set_weights(single.get_weights())
+    history = model.fit(dataset, epochs=1, verbose=0).history
+    single_history = single.fit(dataset, epochs=1, verbose=0).history
+    return {
+        "history": history,
+        "single_history": single_history,
+        "weights": model.get_weights(),
+        "single_weights": single.get_weights(),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "single_iterations": int(single.optimizer.iterations.numpy()),
+    }
 
 
 def _build(keras, steps_per_execution):
@@ -81,6 +111,13 @@ def compare_with_one_device() -> dict[str, object]:
             record[steps_per_execution] = {
                 "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
             }
+    regression = tf.data.Dataset.from_tensor_slices((x, x[:, :1] - x[:, 1:2])).batch(BATCH_SIZE)
+    try:
+        record["custom_train_step"] = _custom_train_step_record(strategy, regression)
+    except Exception as e:  # noqa: BLE001 - reported to the test.
+        record["custom_train_step"] = {
+            "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        }
     return record
 
 
@@ -120,6 +157,16 @@ class SyncModeTest(tf.test.TestCase):
         result = self.result(3)
         self.check_equal_to_one_device(result)
         self.assertEqual(result["iterations"], EPOCHS * NUM_BATCHES)
+
+    def test_keras_guide_train_step_applies_each_step_once(self):
+        # Under Keras 3 the guide's train_step calls optimizer.apply, and each
+        # slice's call used to update the weights itself: one update per
+        # slice plus the step's own (3 per step here).
+        result = self.result("custom_train_step")
+        self.assertEqual(result["single_iterations"], NUM_BATCHES)
+        self.assertEqual(result["iterations"], NUM_BATCHES)
+        for got, expected in zip(result["weights"], result["single_weights"]):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ For each batch Keras's loop reads (the global batch, as on one device):
         sizes n_1..n_W' (as equal as possible, in order)
     phase 1, on W' workers at once (one function each):
         Keras's train_step on slice i, with the optimizer's
-        apply_gradients replaced (while tracing) by
+        apply_gradients (and Keras 3's apply, which a custom train_step
+        may call instead) replaced (while tracing) by
             acc[v] += n_i * gradient_i(v)     # atomic, on v's ps task
         (metrics update as usual: their variables live on the ps tasks)
     wait for every slice                        # the step barrier
@@ -92,18 +93,31 @@ class _SyncTrainFunction:
                 gradient = tf.convert_to_tensor(gradient)
                 target.assign_add(gradient * tf.cast(self._slice_size, gradient.dtype))
 
+        def accumulate_apply(grads: Any, trainable_variables: Any = None) -> None:
+            # Keras 3's `apply(grads, trainable_variables=None)`: None means
+            # the variables the optimizer was built on, the model's.
+            if trainable_variables is None:
+                trainable_variables = self._variables
+            accumulate(zip(grads, trainable_variables))
+
         step_fn = model.train_step
         optimizer = model.optimizer
+        # Only while tracing, the ways a train_step applies gradients:
+        # tf-keras's apply_gradients (minimize calls it too); Keras 3's
+        # apply, which its apply_gradients calls and which a custom
+        # train_step may call itself (keras-io's "customizing fit" guide).
+        replacements: dict[str, Callable[..., None]] = {"apply_gradients": accumulate}
+        if keras3:
+            replacements["apply"] = accumulate_apply
 
         def slice_step(batch: Any) -> Any:
             self._slice_size = tf.shape(_first_leaf(batch))[0]
-            # Only while tracing: Keras's train_step calls the optimizer's
-            # apply_gradients; here it accumulates instead.
-            vars(optimizer)["apply_gradients"] = accumulate
+            vars(optimizer).update(replacements)
             try:
                 return step_fn(batch)
             finally:
-                del vars(optimizer)["apply_gradients"]
+                for name in replacements:
+                    del vars(optimizer)[name]
 
         def gradients(batches: tuple[Any, ...]) -> Any:
             (batch,) = batches
