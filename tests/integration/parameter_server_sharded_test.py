@@ -3,8 +3,8 @@
 Two child processes, each an in-process cluster (2 workers): the first
 (2 ps) builds an Embedding + Dense model under a `MinSizePartitioner`,
 trains it with `fit` in sync mode next to the same model on one device
-(same initial weights, same batches: the weights must match to float32
-rounding), records where each shard and each optimizer slot lives and
+(built from the same seed, it must draw the same initial weights; same
+batches: the weights must match to float32 rounding), records where each shard and each optimizer slot lives and
 writes a TF checkpoint; the second (3 ps, 3 shards per large variable)
 builds the same model and restores that checkpoint. Under Keras 3 and
 tf-keras alike.
@@ -35,6 +35,7 @@ MIN_SHARD_BYTES = 4096
 CLUSTER_TIMEOUT_S = 300
 STRATEGY_TIMEOUT_S = 120
 EPOCHS = 4
+SEED = 5
 
 
 def _data() -> tuple[np.ndarray, np.ndarray]:
@@ -109,10 +110,15 @@ def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
     strategy = _strategy(num_ps=2, mode="sync")
     x, y = _data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+    keras.utils.set_random_seed(SEED)
     model = _build(keras, strategy)
+    keras.utils.set_random_seed(SEED)
     one_device = _build(keras, tf.distribute.get_strategy())
+    record: dict[str, object] = {
+        "initial_weights": _whole_weights(model),
+        "one_device_initial_weights": _whole_weights(one_device),
+    }
     one_device.set_weights(_whole_weights(model))
-    record: dict[str, object] = {}
     try:
         history = model.fit(dataset, epochs=EPOCHS, verbose=0)
     except Exception as e:  # noqa: BLE001 - reported to the test.
@@ -210,6 +216,13 @@ class ShardedVariablesTest(tf.test.TestCase):
         self.assertCountEqual({task for task, _ in rows}, _ps(0, 1))
         self.assertEqual(sum(count for _, count in rows), VOCABULARY)
         self.assertLess(max(count for _, count in rows), VOCABULARY)
+
+    def test_split_variables_start_from_one_devices_values_with_the_same_seed(self):
+        # tf-keras's initializers drew each shard on its own (other values).
+        for split, whole in zip(
+            self.trained["initial_weights"], self.trained["one_device_initial_weights"]
+        ):
+            np.testing.assert_array_equal(split, whole)
 
     def test_fit_with_split_variables_equals_one_device(self):
         for split, whole in zip(self.trained["weights"], self.trained["one_device_weights"]):

@@ -25,6 +25,8 @@ Private TF API used (tested range: see setup.py):
   `_error` (the pending error of a scheduled function);
 - `cluster_coordinator.PSUnavailableError`: TF's error for a lost ps;
 - `sharded_variable.ShardedVariable`: the class of a partitioned variable;
+- `util.tf_inspect.getfullargspec`: how TF's split path tells a checkpoint's
+  initial value (`shard_info`) from an initializer's, asked the same way;
 - `cluster_coordinator._select_worker_slice` and `_maybe_as_type_spec`:
   the spec a function traced on the chief takes for a per-worker iterator;
 - `coordinator_context.get_current_dispatch_context`: which worker's
@@ -42,6 +44,7 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.python.distribute import parameter_server_strategy_v2 as _ps_v2
 from tensorflow.python.distribute import sharded_variable as _sharded_variable
+from tensorflow.python.util import tf_inspect
 from tensorflow.python.distribute.coordinator import (
     cluster_coordinator as _cluster_coordinator,
 )
@@ -117,6 +120,7 @@ class ParameterServerExtended(  # type: ignore[misc]
             # A slot of a split variable (Keras 3's optimizers colocate them).
             variable = self._create_split_like(next_creator, colocate_with, **kwargs)
         else:
+            kwargs = _drawn_whole(kwargs, self._variable_partitioner)
             variable = self.create_variable(
                 next_creator,
                 lambda **overrides: super(ParameterServerExtended, self)._create_variable(
@@ -217,6 +221,58 @@ def shards_of(variable: Any) -> list[Any]:
     if isinstance(value, ShardedVariable):
         return list(value.variables)
     return [value]
+
+
+#: Largest variable whose initial value is drawn whole on the chief and then
+#: split (`_drawn_whole`): each shard of it travels to its ps in one message,
+#: and TF's messages stop at 2 GB.
+MAX_WHOLE_INITIAL_BYTES = 1 << 30
+
+
+def _drawn_whole(kwargs: dict[str, Any], partitioner: Any) -> dict[str, Any]:
+    """`kwargs` whose callable initial value TF's split path draws whole, once.
+
+    TF asks a callable initial value for each shard's rows
+    (`partition_shape=`, `partition_offset=`), and tf-keras's random
+    initializers then draw each shard on their own: values other than those
+    one device draws for the whole variable with the same seed (Keras 3
+    passes the whole value). The callable returned refuses those arguments,
+    so TF calls it without them and slices; it draws the whole value for the
+    first shard and hands the same tensor to the others. Left alone: a value
+    that is not callable; a checkpoint's (`shard_info`: restored per shard);
+    a variable `partitioner` does not split; one of unknown size or over
+    `MAX_WHOLE_INITIAL_BYTES` (drawn per shard as TF does, with a warning
+    that it differs from one device).
+    """
+    initial_value = kwargs.get("initial_value")
+    shape, dtype = kwargs.get("shape"), kwargs.get("dtype")
+    if not callable(initial_value) or shape is None or dtype is None:
+        return kwargs
+    spec = tf_inspect.getfullargspec(initial_value)
+    if "shard_info" in spec.args or "shard_info" in spec.kwonlyargs:
+        return kwargs
+    shape = tf.TensorShape(shape)
+    if partitioner is None or not shape.is_fully_defined() or not shape.rank:
+        return kwargs
+    if min(partitioner(shape=shape, dtype=tf.as_dtype(dtype))[0], shape[0]) <= 1:
+        return kwargs
+    num_bytes = shape.num_elements() * tf.as_dtype(dtype).size
+    if num_bytes > MAX_WHOLE_INITIAL_BYTES:
+        logging.warning(
+            "Variable %s (%d bytes) is split over the ps tasks with each shard's rows "
+            "drawn on their own: its initial values differ from those one device "
+            "draws with the same seed. Pass the initial values (a checkpoint, "
+            "set_weights) where they must be equal.", kwargs.get("name"), num_bytes)
+        return kwargs
+    drawn: list[Any] = []
+
+    def whole() -> Any:
+        if not drawn:
+            with tf.init_scope():
+                drawn.append(tf.convert_to_tensor(initial_value(), dtype=dtype))
+        return drawn[0]
+
+    return {**kwargs, "initial_value": whole}
 
 
 def _adopting(next_creator: Any, adopt: Callable[..., Any]) -> Any:
