@@ -19,7 +19,7 @@ PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loa
 # Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
 BAZEL_TEST_ARGS ?=
 
-.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-models test-tfkeras-conformance test-tfkeras-rest lint bench bazel-test venv clean
+.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-rest lint bench bazel-test venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ demo: $(EXTRAS_DEMO)
 
 # Every stage runs, whatever the ones before it did; the run fails at the end
 # if any stage failed, after one line per stage (tools/run_stages.sh).
-TEST_STAGES := test-keras3 test-tfkeras-models test-tfkeras-conformance lint
+TEST_STAGES := test-keras3 test-tfkeras lint
 
 test: $(EXTRAS_TEST)
 	MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES)
@@ -55,16 +55,13 @@ test-keras3: $(EXTRAS_TEST)
 # conformance tier (its multi-worker ports included). test-tfkeras-rest runs
 # the other multi-process model tests under tf-keras; test-all runs
 # everything. CI runs `test` (CONTRIBUTING.md, "CI").
-test-tfkeras: test-tfkeras-models test-tfkeras-conformance
-
-test-tfkeras-models: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and not multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
-
-test-tfkeras-conformance: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests/conformance -m "model and multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+# One pytest run (its workers' start-up paid once, and the conformance
+# tier's clusters share the workers with the rest).
+test-tfkeras: $(EXTRAS_TEST)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and (conformance or not multiprocess)" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 test-tfkeras-rest: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests --ignore=tests/conformance -m "model and multiprocess" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and multiprocess and not conformance" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 test-all: test test-tfkeras-rest
 
