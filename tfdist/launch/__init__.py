@@ -17,7 +17,9 @@ Modules, one job each:
 - `tfjob`: `tfjob_manifest`, the Kubeflow TFJob of a job.
 - `supervisor`: `LocalJob`, which starts the tasks and decides how the job
   ends; `process` (one task's OS process), `output` (prefixed task output)
-  and `isolation` (the job's private network namespace) are its parts.
+  and `isolation` (the job's private network namespace) are its parts;
+  `preload` forks Python tasks from a template process that has imported
+  their heavy modules once (`LocalJob(preload=...)`).
 - `restart`: `run_local_job`, the command line's job: restarts after a
   failure, one deadline, forwarded signals.
 - `cli`: `run_cli`, the `tfdist-launch` command line; `__main__` runs it.

@@ -20,7 +20,8 @@ If that fails it writes `tfdist-launch: ...` to stderr and exits 126 or
 
 Run with `python -I -S`: it imports only the standard library, runs
 single-threaded (setns into a user namespace requires it) and starts in
-~40 ms. Only tfdist.launch.isolation runs it.
+~40 ms. Only tfdist.launch.isolation runs it; `_preload_server.py` loads
+it to call `join` in the tasks it forks.
 """
 
 from __future__ import annotations
@@ -99,8 +100,14 @@ def create() -> int:
     return 0
 
 
-def enter(net_fd: int, user_fd: int, program: str, argv: list[str]) -> int:
-    """Joins the namespaces and execs `program`; returns only on failure."""
+def join(net_fd: int, user_fd: int) -> bool:
+    """Joins the user namespace behind `user_fd` (-1: none), then the network
+    namespace behind `net_fd`, and closes both.
+
+    The calling process must be single-threaded (setns into a user namespace
+    requires it). On failure writes `tfdist-launch: ...` to stderr and
+    returns False.
+    """
     try:
         if user_fd >= 0:
             _call("setns(CLONE_NEWUSER)", "setns", user_fd, CLONE_NEWUSER)
@@ -112,6 +119,13 @@ def enter(net_fd: int, user_fd: int, program: str, argv: list[str]) -> int:
             f"tfdist-launch: cannot enter the job's network namespace: "
             f"{e.strerror or e}\n"
         )
+        return False
+    return True
+
+
+def enter(net_fd: int, user_fd: int, program: str, argv: list[str]) -> int:
+    """Joins the namespaces and execs `program`; returns only on failure."""
+    if not join(net_fd, user_fd):
         return 126
     try:
         os.execv(program, argv)

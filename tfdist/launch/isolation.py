@@ -165,6 +165,21 @@ class PrivateNetwork:
         fds = (self._net_fd,) if user_fd < 0 else (self._net_fd, user_fd)
         return command, fds
 
+    def descriptors(self) -> tuple[int, ...]:
+        """`(net_fd,)` or `(net_fd, user_fd)`: what a process joins (`_netns.join`).
+
+        Raises:
+          RuntimeError: If the namespace was closed.
+        """
+        if self._net_fd is None:
+            raise RuntimeError(
+                "PrivateNetwork.descriptors() was called after close(); "
+                "create a new PrivateNetwork."
+            )
+        if self._user_fd is None:
+            return (self._net_fd,)
+        return (self._net_fd, self._user_fd)
+
     def close(self) -> None:
         """Releases the namespace; processes already in it keep running."""
         for fd in (self._net_fd, self._user_fd):

@@ -37,6 +37,7 @@ from tfdist.cluster import tf_config
 from tfdist.launch import isolation
 from tfdist.launch import job
 from tfdist.launch import output as output_lib
+from tfdist.launch import preload as preload_lib
 
 __all__ = ["Event", "TaskProcess", "find_program"]
 
@@ -70,7 +71,7 @@ def find_program(command: Sequence[str], env: Mapping[str, str]) -> str:
 class _Life:
     """One process of a task: started once, reaped once."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | preload_lib.ForkedProcess
     pumps: list[threading.Thread]
     waiter: threading.Thread
 
@@ -108,6 +109,7 @@ class TaskProcess:
                 Sequence[str],
                 Mapping[str, str],
                 isolation.PrivateNetwork | None,
+                Sequence[str],
             ]
             | None
         ) = None
@@ -119,6 +121,7 @@ class TaskProcess:
         env: Mapping[str, str],
         *,
         network: isolation.PrivateNetwork | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
         """Starts the process: `command` with `env` plus the task's TF_CONFIG.
 
@@ -128,33 +131,26 @@ class TaskProcess:
           env: The task's environment, without TF_CONFIG.
           network: The private network namespace to run it in, or `None`
             for the host's network.
+          preload: Modules imported once in a template process; a
+            `python SCRIPT ...` command is then forked from it
+            (`tfdist.launch.preload`) instead of started afresh.
 
         Raises:
           LauncherError: If the process cannot be started.
         """
-        self._start_args = (program, command, env, network)
+        self._start_args = (program, command, env, network, preload)
         task_env = dict(env)
         task_env[tf_config.TF_CONFIG_ENV_VAR] = self.config.to_json()
-        argv, fds = list(command), tuple[int, ...]()
-        if network is not None:
-            argv, fds = network.wrap(program, command)
-        try:
-            process = subprocess.Popen(
-                argv,
-                executable=program if network is None else None,
-                pass_fds=fds,
-                env=task_env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # Own process group; see signal_group.
+        process: subprocess.Popen[bytes] | preload_lib.ForkedProcess
+        if preload and preload_lib.is_python_script(program, command):
+            process = preload_lib.server_for(preload, env).start(
+                command,
+                task_env,
+                cwd=os.getcwd(),
+                network_fds=() if network is None else network.descriptors(),
             )
-        except OSError as e:
-            raise errors.LauncherError(
-                f"cannot start task {self.task.name}: {program!r} failed "
-                f"with {e.strerror or e}; expected an executable it can run. "
-                "Check the command."
-            ) from e
+        else:
+            process = self._popen(program, command, task_env, network)
         self.exit_code = None
         prefix = f"[{self.task.name}] "
         self._lives.append(
@@ -176,6 +172,34 @@ class TaskProcess:
             )
         )
 
+    def _popen(
+        self,
+        program: str,
+        command: Sequence[str],
+        task_env: Mapping[str, str],
+        network: isolation.PrivateNetwork | None,
+    ) -> subprocess.Popen[bytes]:
+        argv, fds = list(command), tuple[int, ...]()
+        if network is not None:
+            argv, fds = network.wrap(program, command)
+        try:
+            return subprocess.Popen(
+                argv,
+                executable=program if network is None else None,
+                pass_fds=fds,
+                env=task_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # Own process group; see signal_group.
+            )
+        except OSError as e:
+            raise errors.LauncherError(
+                f"cannot start task {self.task.name}: {program!r} failed "
+                f"with {e.strerror or e}; expected an executable it can run. "
+                "Check the command."
+            ) from e
+
     def restart(self) -> None:
         """Starts the task again as `start` did, once its exit is recorded.
 
@@ -189,15 +213,17 @@ class TaskProcess:
                 f"{'never started' if self._start_args is None else 'runs'}; "
                 "restart a task only after its exit was recorded."
             )
-        program, command, env, network = self._start_args
-        self.start(program, command, env, network=network)
+        program, command, env, network, preload = self._start_args
+        self.start(program, command, env, network=network, preload=preload)
 
     @property
     def restarts(self) -> int:
         """How many times the task was started again."""
         return max(len(self._lives) - 1, 0)
 
-    def _wait_for_exit(self, process: subprocess.Popen[bytes]) -> None:
+    def _wait_for_exit(
+        self, process: subprocess.Popen[bytes] | preload_lib.ForkedProcess
+    ) -> None:
         self._events.put(("exit", self.index, process.wait()))
 
     @property

@@ -133,6 +133,11 @@ class LocalJob:
         isolates them where the OS allows it, else warns (a
         `RuntimeWarning`, once per calling line) and runs them on the
         host's network.
+      preload: Modules to import once, in a template process per distinct
+        `env`, from which each task whose command is `python SCRIPT ...`
+        (this interpreter) is forked instead of started afresh: its start-up
+        then costs a fork, not their import (`tfdist.launch.preload` says
+        what else differs). `()` (the default) starts every task afresh.
       stdout: Where task stdout lines go; `None` means `sys.stdout` at the
         time `run` starts.
       stderr: Where task stderr lines go; `None` means `sys.stderr`.
@@ -162,6 +167,7 @@ class LocalJob:
         kind: job.JobKind | None = None,
         worker_restarts: int = DEFAULT_WORKER_RESTARTS,
         isolate: bool | None = None,
+        preload: Sequence[str] = (),
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
     ) -> None:
@@ -221,6 +227,15 @@ class LocalJob:
                 f"isolate={isolate!r} of type {type(isolate).__name__}."
             )
         self._isolate = isolate
+        if isinstance(preload, str) or not all(
+            isinstance(name, str) and name for name in preload
+        ):
+            raise TypeError(
+                f"preload must be a sequence of module names; received "
+                f"preload={preload!r}. Pass a tuple, as in "
+                "preload=('tensorflow',)."
+            )
+        self._preload = tuple(preload)
         self._stdout = stdout
         self._stderr = stderr
         self._events: queue.SimpleQueue[process_lib.Event] = queue.SimpleQueue()
@@ -306,6 +321,7 @@ class LocalJob:
                     self._commands[task.index],
                     self._env,
                     network=network,
+                    preload=self._preload,
                 )
             outcome, failed, signal_number = self._supervise(
                 tasks, deadline_s, output

@@ -4,7 +4,10 @@
 
 It is run as a script, not with `-m`, so that a task whose function needs
 no TensorFlow does not import it (`-m` would import `tfdist.testing`,
-which imports TensorFlow).
+which imports TensorFlow) unless the caller preloads it: by default
+`run_local_cluster` forks every task from a template process that has
+imported TensorFlow (`tfdist.launch.preload`), which runs this script as
+`python` would.
 
 - CALL_FILE holds two pickles: a header of plain data (the parent's
   `sys.path`, the function's module, qualified name and, for `__main__`,

@@ -92,6 +92,7 @@ def run_local_ps_job(
     env: Mapping[str, str] | None = None,
     isolate: bool | None = None,
     worker_restarts: int = launch.DEFAULT_WORKER_RESTARTS,
+    preload: Sequence[str] = cluster_lib.PRELOAD,
 ) -> Any:
     """Runs `fn(*args)` as every task of a local parameter-server job; returns the chief's value.
 
@@ -112,6 +113,8 @@ def run_local_ps_job(
       isolate: Private network namespace: None (where the OS allows),
         True (required) or False.
       worker_restarts: How many times each worker may be restarted alone.
+      preload: Modules imported once, each task forked from a template
+        that has them (as `run_local_cluster`'s `preload`).
 
     Returns:
       The chief's return value.
@@ -136,6 +139,7 @@ def run_local_ps_job(
         args=args,
         env=env,
         isolate=isolate,
+        preload=preload,
         worker_restarts=worker_restarts,
     )
     return value

@@ -82,12 +82,13 @@ def run_job(
     timeout_s: float | None = JOB_BOUND_S,
     **kwargs: object,
 ) -> tuple[job.JobResult, str, str]:
-    """Runs a `LocalJob` (`kwargs` for it); returns its result, stdout, stderr."""
+    """Runs a `LocalJob` (`kwargs` for it; `env` defaults to this
+    process's); returns its result, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
+    kwargs.setdefault("env", dict(os.environ))
     local_job = supervisor.LocalJob(
         cluster,
         command,
-        env=dict(os.environ),
         stdout=out,
         stderr=err,
         **kwargs,  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ class SimulateCpuDevicesTest(tf.test.TestCase, parameterized.TestCase):
         )
 
     def test_different_count_after_initialisation_raises_config_error(self):
+        tf.config.list_logical_devices("CPU")  # Initialises the runtime, whatever ran before.
         with self.assertRaisesRegex(
             errors.ConfigError,
             r"already initialised with 4 logical CPU.*num_devices=2.*before",
