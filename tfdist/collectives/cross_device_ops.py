@@ -12,7 +12,11 @@ gradients that way). That call:
                         choose the algorithm (fixed, or the cost model),
                         all-reduce the flat buffers            (_algorithms)
                         unpack on every device (one split)
-    sparse: all-gather indices and values onto every device (never densify)
+    sparse: all-gather indices and values onto every device (never densify);
+            but where every replica looked up the same constant indices (a
+            position embedding), all-reduce the values as dense: one
+            device's gradient has one row per index, summed over the batch
+            (`_internal/sparse_rows`; Adam squares rows before summing)
     MEAN:   divide by the number of replicas after the SUM
     wrap each result as a Mirrored value
 
@@ -36,6 +40,7 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import cross_device
+from tfdist._internal import sparse_rows
 from tfdist._internal import validation
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
@@ -251,9 +256,17 @@ class AllReduce(cross_device.GatheringCrossDeviceOps):  # type: ignore[misc]
         n = len(devices)
         results: list[list[Any]] = [[None] * n for _ in per_value]
         dense = []
+        # Sparse values whose rows are the same on every replica (a lookup of
+        # fixed positions): their values are all-reduced as dense tensors.
+        aligned: dict[int, list[tf.IndexedSlices]] = {}
         for k, components in enumerate(per_value):
             if isinstance(components[0], tf.IndexedSlices):
-                results[k] = self._all_gather_sparse(reduce_op, components, devices)
+                if not sparse_rows.rows_align(components):
+                    results[k] = self._all_gather_sparse(reduce_op, components, devices)
+                    continue
+                aligned[k] = components
+                per_value[k] = [c.values for c in components]
+                dense.append(k)
             else:
                 tensors = [tf.convert_to_tensor(c) for c in components]
                 if tensors[0].shape.is_fully_defined():
@@ -287,6 +300,11 @@ class AllReduce(cross_device.GatheringCrossDeviceOps):  # type: ignore[misc]
                 pieces = _packing.unpack(reduced[d], bucket, device)
                 for k, piece in zip(members, pieces):
                     results[k][d] = piece
+        for k, components in aligned.items():
+            results[k] = [
+                tf.IndexedSlices(values, c.indices, c.dense_shape)
+                for values, c in zip(results[k], components)
+            ]
         return results
 
     def _packing_pays(self, bucket: _packing.Bucket, devices: Sequence[str]) -> bool:

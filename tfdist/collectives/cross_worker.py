@@ -22,7 +22,10 @@ to the wire dtype (as in `tfdist.MirroredStrategy`), at half the bytes of
 the all-reduce for W = 2 and equal bytes for W = 3; for larger W the
 all-gather receives more than a ring would (prefer no compression there).
 
-Everything else (sparse `IndexedSlices`, integer or dynamic-shape values,
+Sparse gradients of a lookup of constant indices (a position embedding)
+take this path too, as dense values: every worker's rows are the same rows
+(`_internal/sparse_rows`). Everything else (other sparse `IndexedSlices`,
+integer or dynamic-shape values,
 results on other devices, `strategy.gather`, replica-context all-reduces
 such as synchronized batch norm) takes TF's `CollectiveAllReduce` path
 unchanged, so behaviour outside gradient aggregation is TF's.
@@ -36,6 +39,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist._internal import cross_device
+from tfdist._internal import sparse_rows
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
 from tfdist.collectives import cross_device_ops
@@ -132,7 +136,9 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         for value, _ in pairs:
             first = value.values[0]
             if isinstance(first, tf.IndexedSlices):
-                return False
+                if not sparse_rows.rows_align(value.values):
+                    return False
+                first = first.values
             tensor = tf.convert_to_tensor(first)
             if not (tensor.dtype.is_floating and tensor.shape.is_fully_defined()):
                 return False
@@ -143,7 +149,13 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
     ) -> list[Any]:
         reduce_op = cross_device_ops.as_reduce_op(reduce_op)
         devices = list(self._local_devices)
-        per_value = [[tf.convert_to_tensor(c) for c in value.values] for value, _ in pairs]
+        # Sparse values here are aligned (`_takes_fast_path`): every worker
+        # and replica has the same rows, so their values are summed as dense.
+        per_value = [
+            [tf.convert_to_tensor(c.values if isinstance(c, tf.IndexedSlices) else c)
+             for c in value.values]
+            for value, _ in pairs
+        ]
         shapes = [tuple(v[0].shape.as_list()) for v in per_value]
         dtypes = [v[0].dtype for v in per_value]
         results: list[list[Any]] = [[None] * len(devices) for _ in per_value]
@@ -164,6 +176,12 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
             for d, device in enumerate(devices):
                 for k, piece in zip(bucket.indices, _packing.unpack(reduced[d], bucket, device)):
                     results[k][d] = piece
+        for k, (value, _) in enumerate(pairs):
+            if isinstance(value.values[0], tf.IndexedSlices):
+                results[k] = [
+                    tf.IndexedSlices(piece, c.indices, c.dense_shape)
+                    for piece, c in zip(results[k], value.values)
+                ]
         return [cross_device.make_mirrored(result) for result in results]
 
     def _reduce_bucket(

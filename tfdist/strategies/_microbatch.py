@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import keras_compat
+from tfdist._internal import sparse_rows
 from tfdist.data import row_weights
 from tfdist.data import splitting
 
@@ -160,6 +161,10 @@ def _summed(parts: tuple[Any, ...]) -> Any:
     present = [p for p in parts if p is not None]
     if not present:
         return None
+    if all(isinstance(p, tf.IndexedSlices) for p in present) and sparse_rows.rows_align(present):
+        # The same constant indices in every microbatch (a position
+        # embedding): one device has one row per index, summed.
+        return sparse_rows.sum_aligned(present)
     if any(isinstance(p, tf.IndexedSlices) for p in present):
         # Rows of every microbatch, concatenated: an update with repeated
         # indices adds them, as one device's gradient of the whole batch.
