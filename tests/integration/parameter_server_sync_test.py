@@ -47,9 +47,11 @@ def _custom_train_step_record(strategy, dataset) -> dict[str, object]:
     with strategy.scope():
         model = _build_custom(keras)
     model.set_weights(single.get_weights())
-    model.fit(dataset, epochs=1, verbose=0)
-    single.fit(dataset, epochs=1, verbose=0)
+    history = model.fit(dataset, epochs=1, verbose=0)
+    single_history = single.fit(dataset, epochs=1, verbose=0)
     return {
+        "history": history.history,
+        "single_history": single_history.history,
         "weights": model.get_weights(),
         "single_weights": single.get_weights(),
         "iterations": int(model.optimizer.iterations.numpy()),
@@ -165,6 +167,14 @@ class SyncModeTest(tf.test.TestCase):
         self.assertEqual(result["iterations"], NUM_BATCHES)
         for got, expected in zip(result["weights"], result["single_weights"]):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+    def test_keras_guide_train_step_logs_one_devices_metrics(self):
+        # Each slice returns metrics read when it ends, maybe before the
+        # other slice's updates land; the step's logs are read after both.
+        result = self.result("custom_train_step")
+        self.assertEqual(sorted(result["history"]), sorted(result["single_history"]))
+        for key, values in result["single_history"].items():
+            np.testing.assert_allclose(result["history"][key], values, rtol=1e-5, err_msg=key)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ class AsyncRunner:
     ) -> None:
         self._strategy = strategy
         self._scheduler = scheduler
+        self.blocks_on_steps = False  # Steps run ahead; logs are read now and then.
         self.ledger = step_ledger.StepLedger(strategy, gate)
 
     def compile(self, kind: str, model: Any, keras3: bool) -> Any:

@@ -69,6 +69,10 @@ _POLL_S = 0.1
 class StepRunner(Protocol):
     """Runs compiled multi-batch steps somewhere (workers, or the whole cluster)."""
 
+    #: Whether `submit` returns only once its training steps are done (sync
+    #: mode): the loop then reads every step's logs, as one device's loop.
+    blocks_on_steps: bool
+
     def compile(self, kind: str, model: Any, keras3: bool) -> Any:
         """The function running `kind` steps of `model` on a tuple of batches.
 
@@ -358,7 +362,11 @@ class KerasLoop:
             )
             self._passes[kind].add(iterator)
         else:
-            synchronous = not isinstance(iterator, ChiefIterator) or iterator.synchronous
+            synchronous = (
+                not isinstance(iterator, ChiefIterator)
+                or iterator.synchronous
+                or (kind == "train" and self._runner.blocks_on_steps)
+            )
             wanted = wanted or synchronous
             batches = _pull(iterator, count)
             handle = self._runner.submit(

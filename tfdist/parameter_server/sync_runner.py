@@ -14,6 +14,8 @@ For each batch Keras's loop reads (the global batch, as on one device):
     phase 2, on one worker:
         optimizer.apply_gradients((acc[v] / N, v) for every v)   # N = sum n_i
         acc[v] = 0
+        read the metrics (the step's logs: each slice's own logs were
+            read when it ended, maybe before another slice's updates)
     wait                                       # the next step reads new weights
 
 `gradient_i` is the gradient of slice i's mean loss, so `sum n_i g_i / N`
@@ -21,8 +23,12 @@ is the gradient of the global batch's mean loss (plus the regularisation
 terms once): the update one device makes with the same global batch, up
 to float rounding. Not equal to one device: layers whose forward pass
 depends on the whole batch (BatchNormalization's batch statistics) or on
-random draws (Dropout). Losses must be means over the batch (Keras's
-default reduction, "sum_over_batch_size").
+random draws (Dropout), and sparse (embedding) gradients under an
+optimizer that squares their rows (Adam, Adagrad, RMSprop: Keras squares
+each row before adding those of one index, and the accumulator has added
+them already) wherever an index occurs twice in a batch; that case is
+warned about once per variable. Losses must be means over the batch
+(Keras's default reduction, "sum_over_batch_size").
 
 Evaluation and prediction run as in async mode (they update no weights).
 """
@@ -33,13 +39,18 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from tfdist._internal import keras_ps
+from tfdist._internal import sparse_rows
 from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import scheduler as scheduler_lib
 from tfdist.parameter_server import update_gate
 
 __all__ = ["SyncRunner", "split_batch"]
+
+# Steps whose metrics read after the barrier are kept for their logs.
+_METRICS_KEPT = 4
 
 
 def _first_leaf(batch: Any) -> Any:
@@ -69,6 +80,41 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
     return slices
 
 
+# Optimizers whose update is linear in the gradient: a sum of rows updates
+# as the rows themselves do (by class name; LossScaleOptimizer unwrapped).
+_LINEAR_OPTIMIZERS = frozenset({"SGD"})
+_warned: set[tuple[int, str]] = set()
+
+
+def _warn_if_rows_squared(gradient: tf.IndexedSlices, variable: Any, optimizer: Any) -> None:
+    """Warns (once per variable and optimizer) where summing rows densely changes the update.
+
+    The slices' sparse gradients are summed into a dense accumulator, so
+    the optimizer sees each index's rows already added. Keras applies
+    Adam, Adagrad, RMSprop and the like to sparse rows by squaring each
+    row before adding those of one index; one device then differs wherever
+    an index occurs more than once in a batch (a token seen twice). Not for
+    lookups of constant indices (a position embedding): one device has one
+    row per index there too.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    name = type(inner).__name__
+    key = (id(optimizer), getattr(variable, "path", None) or variable.name)
+    if name in _LINEAR_OPTIMIZERS or key in _warned or sparse_rows.rows_align([gradient]):
+        return
+    _warned.add(key)
+    logging.warning(
+        "tfdist ParameterServerStrategy(mode='sync') sums the workers' sparse "
+        "gradients of %s into one dense gradient per step; %s updates from "
+        "the squares of sparse rows, so wherever an index occurs more than "
+        "once in a batch (a token seen twice) this variable's update differs "
+        "from one device's. SGD (with or without momentum) is equal to one "
+        "device; for %s on embeddings, tfdist.MirroredStrategy or "
+        "tfdist.MultiWorkerMirroredStrategy keep every row.",
+        key[1], name, name,
+    )
+
+
 class _SyncTrainFunction:
     """What `SyncRunner.compile("train")` returns; traced per input structure."""
 
@@ -90,6 +136,8 @@ class _SyncTrainFunction:
                 if gradient is None:
                     continue
                 target = by_id[id(variable)]
+                if isinstance(gradient, tf.IndexedSlices):
+                    _warn_if_rows_squared(gradient, variable, optimizer)
                 gradient = tf.convert_to_tensor(gradient)
                 target.assign_add(gradient * tf.cast(self._slice_size, gradient.dtype))
 
@@ -123,17 +171,21 @@ class _SyncTrainFunction:
             (batch,) = batches
             return strategy.run(slice_step, args=(batch,))
 
-        def apply_once(scale: tf.Tensor) -> None:
-            def apply_fn(scale: tf.Tensor) -> None:
+        def apply_once(scale: tf.Tensor) -> Any:
+            def apply_fn(scale: tf.Tensor) -> Any:
                 grads = [
                     tf.convert_to_tensor(a) * tf.cast(scale, a.dtype) for a in self._accumulators
                 ]
                 optimizer.apply_gradients(zip(grads, self._variables))
                 keras_ps.increment_step_counter(model, "train", 1)
+                # Every slice's metric updates have landed (the barrier): the
+                # metrics as one device reads them after the whole batch.
+                return model.get_metrics_result()
 
-            strategy.run(apply_fn, args=(scale,))
+            metrics = strategy.run(apply_fn, args=(scale,))
             for accumulator in self._accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
+            return metrics
 
         # Recorded: a slice or an apply that finished is never applied twice.
         self._gradients = runner.ledger.function(gradients, autograph=not keras3)
@@ -181,6 +233,19 @@ class _SyncSteps:
         self.apply = apply
 
 
+def _read_again(logs: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """`logs` with each value `metrics` has under its key (also in nested dicts).
+
+    A custom train_step may return `{m.name: m.result() for m in
+    self.metrics}`, where Keras 3's compiled metrics give a nested dict
+    (`{"compile_metrics": {"mae": ...}}`); `metrics` is flat.
+    """
+    return {
+        key: _read_again(value, metrics) if isinstance(value, dict) else metrics.get(key, value)
+        for key, value in logs.items()
+    }
+
+
 class SyncRunner:
     """Runs Keras's training steps synchronously over all workers (see module).
 
@@ -200,12 +265,17 @@ class SyncRunner:
         gate: update_gate.UpdateGate | None = None,
     ) -> None:
         self.strategy = strategy
+        # A training step is done when submit returns: its logs are read
+        # at once (KerasLoop), the last step's in each epoch included.
+        self.blocks_on_steps = True
         self._scheduler = scheduler
         self._num_workers = num_workers
         self._async = async_runner.AsyncRunner(strategy, scheduler, gate)
         self.ledger = self._async.ledger
-        # Apply steps return nothing: never handed out as a step's logs.
+        # Apply steps are never handed out as a step's logs; their metric
+        # results replace those of the step's last slice (`result`).
         self._applies: set[scheduler_lib.Step] = set()
+        self._metrics_after: dict[scheduler_lib.Step, scheduler_lib.Step] = {}
 
     def compile(self, kind: str, model: Any, keras3: bool) -> Any:
         if kind != "train":
@@ -225,7 +295,7 @@ class SyncRunner:
             return self._async.submit(
                 function, batches, steps_per_function, logs_wanted=logs_wanted
             )
-        last = None
+        last = applied = None
         with self.strategy.scope():
             for batch in batches:
                 slices = split_batch(batch, self._num_workers)
@@ -241,10 +311,26 @@ class SyncRunner:
                 )
                 self._applies.add(applied)
                 self._scheduler.wait(applied)
+        if last is not None and applied is not None:
+            self._metrics_after[last] = applied
+            while len(self._metrics_after) > _METRICS_KEPT:  # Older logs are not asked for.
+                del self._metrics_after[next(iter(self._metrics_after))]
         return last
 
     def result(self, handle: Any) -> Any:
-        return self._scheduler.result(handle)
+        """The step's logs: its last slice's, with every metric read after all slices.
+
+        Each slice returns its train_step's logs, read when that slice ended,
+        possibly before another slice's metric updates landed; the apply
+        that follows the step's barrier reads the metrics again, and its
+        values replace the slice's for every key they share (a custom
+        train_step's other keys stay the slice's).
+        """
+        logs = self._scheduler.result(handle)
+        applied = self._metrics_after.get(handle)
+        if applied is not None and isinstance(logs, dict):
+            logs = _read_again(logs, self._scheduler.result(applied))
+        return logs
 
     def finished(self) -> list[Any]:
         found = []

@@ -21,6 +21,8 @@ keras = tf.keras
 class SlowRunner:
     """A `StepRunner` whose step i finishes when step i + 2 is submitted."""
 
+    blocks_on_steps = False
+
     def __init__(self):
         self.handles: list[dict] = []
         self._reported = 0
