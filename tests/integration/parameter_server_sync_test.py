@@ -9,16 +9,21 @@ would drift if each slice were applied on its own) and a partial last
 batch (200 examples in batches of 32: slices of 4 and 4). Runs under Keras
 3 and tf-keras. The same run also trains the model of Keras's guide
 "Customizing what happens in fit()", with the guide's own `train_step`
-(under Keras 3 it calls `optimizer.apply`, not `apply_gradients`).
+(under Keras 3 it calls `optimizer.apply`, not `apply_gradients`), whose
+logged metrics must be one device's too; and a token embedding with Adam,
+equal to one device under tf-keras and warned about under Keras 3.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import traceback
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import logging as absl_logging
 
 import tfdist
 from tests.conformance.user_patterns import CustomModel
@@ -30,6 +35,7 @@ BATCH_SIZE = 32
 NUM_BATCHES = 7
 EPOCHS = 3
 CLUSTER_TIMEOUT_S = 300
+KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 
 
 def _build_custom(keras):
@@ -57,6 +63,53 @@ def _custom_train_step_record(strategy, dataset) -> dict[str, object]:
         "iterations": int(model.optimizer.iterations.numpy()),
         "single_iterations": int(single.optimizer.iterations.numpy()),
     }
+
+
+def _sparse_adam_record(strategy) -> dict[str, object]:
+    """A token embedding (indices repeat within a batch) trained with Adam."""
+    keras = tf.keras
+
+    def build():
+        model = keras.Sequential([
+            keras.Input((5,), dtype="int32"),
+            keras.layers.Embedding(20, 4, name="tokens"),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(2),
+        ])
+        model.compile(optimizer=keras.optimizers.Adam(0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 20, size=(NUM_EXAMPLES, 5)).astype("int32")
+    y = (x[:, 0] > 9).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
+    single = build()
+    with strategy.scope():
+        model = build()
+    model.set_weights(single.get_weights())
+    warnings: list[str] = []
+    handler = _Recorder(warnings)
+    absl_logging.get_absl_logger().addHandler(handler)
+    try:
+        model.fit(dataset, epochs=1, verbose=0)
+    finally:
+        absl_logging.get_absl_logger().removeHandler(handler)
+    single.fit(dataset, epochs=1, verbose=0)
+    return {
+        "weights": model.get_weights(),
+        "single_weights": single.get_weights(),
+        "warnings": warnings,
+    }
+
+
+class _Recorder(logging.Handler):
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self._messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._messages.append(record.getMessage())
 
 
 def _build(keras, steps_per_execution):
@@ -111,6 +164,10 @@ def compare_with_one_device() -> dict[str, object]:
             record[steps_per_execution] = {
                 "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
             }
+    try:
+        record["sparse_adam"] = _sparse_adam_record(strategy)
+    except Exception as e:  # noqa: BLE001 - reported to the test.
+        record["sparse_adam"] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
     regression = tf.data.Dataset.from_tensor_slices((x, x[:, :1] - x[:, 1:2])).batch(BATCH_SIZE)
     try:
         record["custom_train_step"] = _custom_train_step_record(strategy, regression)
@@ -167,6 +224,22 @@ class SyncModeTest(tf.test.TestCase):
         self.assertEqual(result["iterations"], NUM_BATCHES)
         for got, expected in zip(result["weights"], result["single_weights"]):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+    def test_adam_on_repeated_token_rows_is_one_device_or_warned(self):
+        # Keras 3's Adam squares each sparse row before adding an index's
+        # rows; sync mode has added them already: it differs and says so.
+        # tf-keras adds them first itself: equal to one device, no warning.
+        result = self.result("sparse_adam")
+        table, single_table = result["weights"][0], result["single_weights"][0]
+        if KERAS_3:
+            self.assertGreater(np.max(np.abs(table - single_table)), 1e-4)
+            (warning,) = [w for w in result["warnings"] if "sums the workers' sparse" in w]
+            self.assertIn("tokens", warning)
+            self.assertIn("Adam", warning)
+        else:
+            for got, expected in zip(result["weights"], result["single_weights"]):
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+            self.assertEqual([w for w in result["warnings"] if "sparse" in w], [])
 
     def test_keras_guide_train_step_logs_one_devices_metrics(self):
         # Each slice returns metrics read when it ends, maybe before the

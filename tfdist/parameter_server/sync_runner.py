@@ -23,11 +23,11 @@ is the gradient of the global batch's mean loss (plus the regularisation
 terms once): the update one device makes with the same global batch, up
 to float rounding. Not equal to one device: layers whose forward pass
 depends on the whole batch (BatchNormalization's batch statistics) or on
-random draws (Dropout), and sparse (embedding) gradients under an
-optimizer that squares their rows (Adam, Adagrad, RMSprop: Keras squares
-each row before adding those of one index, and the accumulator has added
-them already) wherever an index occurs twice in a batch; that case is
-warned about once per variable. Losses must be means over the batch
+random draws (Dropout), and, under Keras 3, sparse (embedding) gradients
+under an optimizer that squares their rows (Adam, Adagrad, RMSprop: Keras 3
+squares each row before adding those of one index, and the accumulator has
+added them already) wherever an index occurs twice in a batch; that case is
+warned about once per variable. (tf-keras adds an index's rows first.) Losses must be means over the batch
 (Keras's default reduction, "sum_over_batch_size").
 
 Evaluation and prediction run as in async mode (they update no weights).
@@ -90,12 +90,13 @@ def _warn_if_rows_squared(gradient: tf.IndexedSlices, variable: Any, optimizer: 
     """Warns (once per variable and optimizer) where summing rows densely changes the update.
 
     The slices' sparse gradients are summed into a dense accumulator, so
-    the optimizer sees each index's rows already added. Keras applies
+    the optimizer sees each index's rows already added. Keras 3 applies
     Adam, Adagrad, RMSprop and the like to sparse rows by squaring each
     row before adding those of one index; one device then differs wherever
     an index occurs more than once in a batch (a token seen twice). Not for
     lookups of constant indices (a position embedding): one device has one
-    row per index there too.
+    row per index there too. Only for Keras 3's optimizers: tf-keras's add
+    an index's rows before their update, as the accumulator does.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     name = type(inner).__name__
@@ -136,7 +137,7 @@ class _SyncTrainFunction:
                 if gradient is None:
                     continue
                 target = by_id[id(variable)]
-                if isinstance(gradient, tf.IndexedSlices):
+                if keras3 and isinstance(gradient, tf.IndexedSlices):
                     _warn_if_rows_squared(gradient, variable, optimizer)
                 gradient = tf.convert_to_tensor(gradient)
                 target.assign_add(gradient * tf.cast(self._slice_size, gradient.dtype))
