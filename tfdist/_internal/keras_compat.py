@@ -278,6 +278,38 @@ def replaced_attribute(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------
+# tf-keras's LossScaleOptimizer under a strategy it does not list.
+
+_TF_KERAS_LOSS_SCALE_MODULE = "tf_keras.src.mixed_precision.loss_scale_optimizer"
+
+
+@contextlib.contextmanager
+def loss_scaling_allowed(strategy_class: type) -> Iterator[None]:
+    """Inside, tf-keras's `LossScaleOptimizer` accepts `strategy_class`.
+
+    tf-keras refuses loss scaling (at construction and at each
+    `apply_gradients`) under any strategy but Mirrored, MultiWorkerMirrored
+    and OneDevice (`strategy_supports_loss_scaling`): gradients are unscaled
+    once per compute replica, which is right only with one copy of each
+    variable per replica. A strategy with one replica and one copy of each
+    variable (LayerPlacementStrategy) meets that; inside this block the
+    check also accepts it, and it is restored on exit. Keras 3's optimizer
+    has no such check. Nothing happens where tf-keras is not imported.
+    """
+    module = sys.modules.get(_TF_KERAS_LOSS_SCALE_MODULE)
+    original = getattr(module, "strategy_supports_loss_scaling", None)
+    if original is None:
+        yield
+        return
+
+    def supports() -> bool:
+        return bool(original()) or isinstance(tf.distribute.get_strategy(), strategy_class)
+
+    with attributes.swapped(module, "strategy_supports_loss_scaling", supports):
+        yield
+
+
+# --------------------------------------------------------------------------
 # Running a step once per microbatch, with one optimizer update.
 
 

@@ -350,6 +350,17 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
         with keras_compat.step_replaced(step, microbatched):
             return tf.distribute.Strategy.run(self, fn, args, None, options)
 
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """TF's `Strategy.scope`; inside it, tf-keras's `LossScaleOptimizer` works.
+
+        tf-keras accepts loss scaling only under the strategies it lists; this
+        one has one replica and one copy of each variable, which is what it
+        requires (`keras_compat.loss_scaling_allowed`, undone on exit).
+        """
+        with super().scope(), keras_compat.loss_scaling_allowed(type(self)):
+            yield
+
     def distribute_datasets_from_function(
         self, dataset_fn: Any, options: tf.distribute.InputOptions | None = None
     ) -> tf.distribute.DistributedDataset:

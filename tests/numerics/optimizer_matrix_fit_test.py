@@ -1,0 +1,126 @@
+"""Every way a train_step applies gradients, and the common optimizers, equal one device.
+
+Under tfdist.MirroredStrategy (4 replicas) and LayerPlacementStrategy (2
+stages, 2 microbatches), `fit` of a model with a token and a position
+embedding (sparse gradients, of batch-derived and of constant indices) and a
+Dense layer trains one device's weights to float32 rounding:
+
+- with Adam, each update path a Keras `train_step` may take: Keras's own
+  step (`minimize` under tf-keras), `apply_gradients`, Keras 3's `apply`
+  (keras-io's "customizing fit" guide), and a `LossScaleOptimizer`
+  (tf-keras refuses one under strategies it does not list; tfdist's
+  LayerPlacementStrategy makes it accept it);
+- with Keras's own step, SGD with momentum, AdamW, Adagrad and RMSprop
+  (under MirroredStrategy; the rule is applied after the sum either way).
+
+Keras 3 and tf-keras.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import tensorflow as tf
+from absl.testing import parameterized
+
+import tfdist
+from tests.numerics import position_embedding_fit_test as position
+from tfdist.testing import numerics
+
+pytestmark = pytest.mark.model
+keras = tf.keras
+KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
+
+# Same examples and initial weights; only float32 summation order differs.
+# Adam-like updates divide by the root of the squared gradient, magnifying
+# rounding where a gradient nearly cancels (position_embedding_fit_test).
+RTOL, ATOL = 1e-5, 1e-5
+
+STRATEGIES = {
+    "mirrored": lambda: tfdist.MirroredStrategy(position.DEVICES),
+    "layer_placement": lambda: tfdist.LayerPlacementStrategy(
+        position.DEVICES[:2], num_microbatches=2),
+}
+OPTIMIZERS = {
+    "momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "adamw": lambda: keras.optimizers.AdamW(0.01),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+}
+UPDATES = ("keras_step", "apply_gradients", "loss_scale") + (("apply",) if KERAS_3 else ())
+
+
+class CustomStep(keras.Model):
+    """A train_step that applies its gradients as `update` says."""
+
+    update = "apply_gradients"
+
+    def train_step(self, data):
+        x, y = data
+        scaled = self.update == "loss_scale"
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            if KERAS_3:
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+                target = self.optimizer.scale_loss(loss) if scaled else loss
+            else:
+                loss = self.compiled_loss(y, y_pred)
+                target = self.optimizer.get_scaled_loss(loss) if scaled else loss
+        grads = tape.gradient(target, self.trainable_variables)
+        if scaled and not KERAS_3:
+            grads = self.optimizer.get_unscaled_gradients(grads)
+        if self.update == "apply":
+            self.optimizer.apply(grads, self.trainable_variables)
+        else:
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def _builder(update: str, make_optimizer):
+    def build():
+        inputs = keras.Input(shape=(position.MAXLEN,), dtype="int32")
+        x = position.TokenAndPositionEmbedding(position.MAXLEN, position.VOCAB, position.DIM)(inputs)
+        x = keras.layers.GlobalAveragePooling1D()(x)
+        outputs = keras.layers.Dense(position.CLASSES)(x)
+        if update == "keras_step":
+            model = keras.Model(inputs, outputs)
+        else:
+            model = CustomStep(inputs, outputs)
+            model.update = update
+        optimizer = make_optimizer()
+        if update == "loss_scale":
+            optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    return build
+
+
+def _cases(values, strategies=tuple(STRATEGIES)):
+    return [{"testcase_name": f"{s}_{v}", "strategy": s, "value": v}
+            for s in strategies for v in values]
+
+
+class OptimizerMatrixTest(tf.test.TestCase, parameterized.TestCase):
+
+    def _assert_matches(self, build, strategy):
+        x, y = position._data()
+        numerics.assert_matches_single_device(
+            build, STRATEGIES[strategy](), x, y, global_batch_size=position.GLOBAL_BATCH_SIZE,
+            epochs=1, rtol=RTOL, atol=ATOL, check_inference=False)
+
+    @parameterized.named_parameters(*_cases(UPDATES))
+    def test_adam_through_each_update_path(self, strategy, value):
+        self._assert_matches(_builder(value, lambda: keras.optimizers.Adam(0.01)), strategy)
+
+    # The update rule is applied after the strategy's sum, the same way for
+    # both strategies (the update paths above differ per strategy).
+    @parameterized.named_parameters(*_cases(OPTIMIZERS, strategies=("mirrored",)))
+    def test_optimizer_through_keras_step(self, strategy, value):
+        self._assert_matches(_builder("keras_step", OPTIMIZERS[value]), strategy)
+
+
+if __name__ == "__main__":
+    tf.test.main()
