@@ -16,6 +16,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import tfdist
+from tests.numerics import position_embedding_fit_test as position
 from tfdist import errors
 from tfdist.testing import run_local_cluster
 
@@ -188,6 +189,15 @@ def train_more(use_strategy: bool, checkpoint_dir: str | None = None) -> dict[st
         batch_norm = _sync_batch_norm_model(keras)
     batch_norm.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0)
     results["sync_batch_norm"] = batch_norm.get_weights()
+    # A position embedding with Adam: rows of constant indices, summed over
+    # the workers as one device sums them over the batch.
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        positions = position._build()
+    position_x, position_y = position._data()
+    positions.fit(position_x, position_y, batch_size=position.GLOBAL_BATCH_SIZE, epochs=2,
+                  shuffle=False, verbose=0)
+    results["position_embedding"] = positions.get_weights()
     if use_strategy:
         task = strategy.cluster_config.worker_index
 
@@ -204,7 +214,8 @@ def train_more(use_strategy: bool, checkpoint_dir: str | None = None) -> dict[st
 
 
 class MultiWorkerReadmeClaimsTest(tf.test.TestCase):
-    """Sparse gradients, sync batch norm, gather, chief-only ModelCheckpoint, bucket_bytes=None."""
+    """Sparse gradients (a position embedding's with Adam too), sync batch norm, gather,
+    chief-only ModelCheckpoint, bucket_bytes=None."""
 
     @classmethod
     def setUpClass(cls):
@@ -223,6 +234,11 @@ class MultiWorkerReadmeClaimsTest(tf.test.TestCase):
 
     def test_embedding_sparse_gradients_match_single_process(self):
         self._assert_matches_reference("embedding")
+
+    def test_position_embedding_with_adam_matches_single_process(self):
+        for worker in self.workers:
+            for a, b in zip(worker["position_embedding"], self.reference["position_embedding"]):
+                self.assertAllClose(a, b, rtol=position.RTOL, atol=position.ATOL)
 
     def test_sync_batch_norm_matches_single_process(self):
         self._assert_matches_reference("sync_batch_norm")

@@ -123,9 +123,18 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         self, reduce_op: Any, value_destination_pairs: Any, options: Any
     ) -> Any:
         pairs = list(value_destination_pairs)
-        if pairs and self._takes_fast_path(pairs):
-            return self._batch_reduce_dense(reduce_op, pairs, options)
-        return super().batch_reduce_implementation(reduce_op, pairs, options)
+        fast = [self._takes_fast_path([pair]) for pair in pairs]
+        if all(fast) or not any(fast):
+            if pairs and fast[0]:
+                return self._batch_reduce_dense(reduce_op, pairs, options)
+            return super().batch_reduce_implementation(reduce_op, pairs, options)
+        # A step's gradients of both kinds (a model with a token embedding):
+        # each kind its own way, every worker in the same order.
+        dense = iter(self._batch_reduce_dense(
+            reduce_op, [p for p, f in zip(pairs, fast) if f], options))
+        other = iter(super().batch_reduce_implementation(
+            reduce_op, [p for p, f in zip(pairs, fast) if not f], options))
+        return [next(dense) if f else next(other) for f in fast]
 
     # -- implementation ------------------------------------------------------
 
