@@ -9,7 +9,9 @@ Dense layer trains one device's weights to float32 rounding:
   step (`minimize` under tf-keras), `apply_gradients`, Keras 3's `apply`
   (keras-io's "customizing fit" guide), and a `LossScaleOptimizer`
   (tf-keras refuses one under strategies it does not list; tfdist's
-  LayerPlacementStrategy makes it accept it);
+  LayerPlacementStrategy makes it accept it); all of them under
+  LayerPlacement, Keras's step and `apply` under Mirrored (whose other
+  paths the conformance tier runs);
 - with Keras's own step, SGD with momentum, AdamW, Adagrad and RMSprop
   (under MirroredStrategy; the rule is applied after the sum either way).
 
@@ -111,7 +113,12 @@ class OptimizerMatrixTest(tf.test.TestCase, parameterized.TestCase):
             build, STRATEGIES[strategy](), x, y, global_batch_size=position.GLOBAL_BATCH_SIZE,
             epochs=1, rtol=RTOL, atol=ATOL, check_inference=False)
 
-    @parameterized.named_parameters(*_cases(UPDATES))
+    # MirroredStrategy's own paths are the conformance tier's too (Keras's
+    # step and an overridden one; a LossScaleOptimizer custom loop): here
+    # its Keras 3 `apply`, and every path of the microbatched strategy.
+    @parameterized.named_parameters(
+        *_cases(UPDATES, strategies=("layer_placement",)),
+        *_cases(("keras_step",) + (("apply",) if KERAS_3 else ()), strategies=("mirrored",)))
     def test_adam_through_each_update_path(self, strategy, value):
         self._assert_matches(_builder(value, lambda: keras.optimizers.Adam(0.01)), strategy)
 

@@ -89,15 +89,12 @@ class PositionEmbeddingFitTest(tf.test.TestCase):
             _build, strategy, x, y, global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=rtol, atol=atol, check_inference=False)
 
-    def test_mirrored_matches_one_device_with_adam(self):
-        self._fit(tfdist.MirroredStrategy(DEVICES))
-
-    def test_layer_placement_microbatches_match_one_device_with_adam(self):
-        self._fit(tfdist.LayerPlacementStrategy(DEVICES[:2], num_microbatches=4))
+    # That tfdist's Mirrored and LayerPlacement strategies match one device
+    # on this model (Adam included) is optimizer_matrix_fit_test's.
 
     def test_concatenated_rows_differ_from_one_device_under_keras3(self):
-        # TF's strategy, and tfdist's without the alignment: the tests above
-        # would fail (the difference is in the position table). tf-keras
+        # TF's strategy, and tfdist's without the alignment: the matrix's
+        # tests would fail (the difference is in the position table). tf-keras
         # adds the rows of one index before a sparse update
         # (`_deduplicate_sparse_grad`), so there concatenated rows train one
         # device's weights as well.
