@@ -25,10 +25,12 @@ all-gather receives more than a ring would (prefer no compression there).
 Sparse gradients of a lookup of constant indices (a position embedding)
 take this path too, as dense values: every worker's rows are the same rows
 (`_internal/sparse_rows`). Everything else (other sparse `IndexedSlices`,
-integer or dynamic-shape values,
-results on other devices, `strategy.gather`, replica-context all-reduces
-such as synchronized batch norm) takes TF's `CollectiveAllReduce` path
-unchanged, so behaviour outside gradient aggregation is TF's.
+integer or dynamic-shape values, results on other devices,
+`strategy.gather`, replica-context all-reduces such as synchronized batch
+norm) takes TF's `CollectiveAllReduce` path unchanged, so behaviour outside
+gradient aggregation is TF's. A step whose gradients mix the two (a token
+embedding's rows beside dense kernels) is split: each value goes its own
+way, in the same order on every worker.
 """
 
 from __future__ import annotations
