@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tfdist
 from tests.conformance import harness
+from tests.conformance import user_patterns
 
 pytestmark = pytest.mark.model
 keras = tf.keras
@@ -63,20 +63,9 @@ class TransformerBlock(keras.layers.Layer):
         return self.norm_2(normed + self.drop_2(self.feed_forward(normed)))
 
 
-class TokenAndPositionEmbedding(keras.layers.Layer):
-    def __init__(self, maxlen, vocab_size, embed_dim, **kwargs):
-        super().__init__(**kwargs)
-        self.tokens = keras.layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
-        self.positions = keras.layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
-
-    def call(self, x):
-        length = x.shape[-1]
-        return self.tokens(x) + self.positions(tf.range(0, length, 1))
-
-
 def build_model():
     inputs = keras.layers.Input(shape=(MAXLEN,))
-    x = TokenAndPositionEmbedding(MAXLEN, VOCAB, EMBED, name="token_and_position")(inputs)
+    x = user_patterns.TokenAndPositionEmbedding(MAXLEN, VOCAB, EMBED, name="token_and_position")(inputs)
     x = TransformerBlock(EMBED, HEADS, FF)(x)
     x = keras.layers.GlobalAveragePooling1D()(x)
     x = keras.layers.Dropout(0.0)(x)

@@ -128,3 +128,22 @@ class CustomModel(keras.Model):
         self.compiled_metrics.update_state(y, y_pred)
         # Return a dict mapping metric names to current value
         return {m.name: m.result() for m in self.metrics}
+
+
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """keras-io's transformer embedding: a token embedding plus one of `range(maxlen)`.
+
+    As in "Text classification with Transformer" (its `ops.arange` written
+    as `tf.range`, which both front ends take): the position lookup's
+    indices are constants, the same whatever the batch.
+    """
+
+    def __init__(self, maxlen, vocab_size, embed_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.token_emb = keras.layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = keras.layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+    def call(self, x):
+        maxlen = x.shape[-1]
+        positions = self.pos_emb(tf.range(start=0, limit=maxlen, delta=1))
+        return self.token_emb(x) + positions

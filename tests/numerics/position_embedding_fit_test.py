@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.conformance.user_patterns import TokenAndPositionEmbedding
 from tfdist._internal import sparse_rows
 from tfdist.testing import numerics
 
@@ -40,20 +41,6 @@ RTOL, ATOL = 1e-5, 1e-5
 # What concatenated rows move the position table by after 2 epochs under
 # Keras 3 (seen: 3.2e-2), far above rounding.
 CONCATENATED_DIFFERENCE = 1e-3
-
-
-class TokenAndPositionEmbedding(keras.layers.Layer):
-    """keras-io's text_classification_with_transformer layer (tf.range for ops.arange)."""
-
-    def __init__(self, maxlen, vocab_size, embed_dim, **kwargs):
-        super().__init__(**kwargs)
-        self.token_emb = keras.layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
-        self.pos_emb = keras.layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
-
-    def call(self, x):
-        maxlen = x.shape[-1]
-        positions = self.pos_emb(tf.range(start=0, limit=maxlen, delta=1))
-        return self.token_emb(x) + positions
 
 
 def _build():
