@@ -10,7 +10,9 @@
 Each task runs in its own process group (it is the group's leader), with
 stdin from /dev/null and its stdout/stderr piped to pumps that prefix every
 line with the task, inside the job's private network namespace if it has
-one (`isolation`). A waiter thread reaps the process and reports its exit
+one (`isolation`); with `preload`, a `python SCRIPT` task is forked from a
+template that imported those modules (`preload`) instead of started
+afresh, with the same stdio, group and network. A waiter thread reaps the process and reports its exit
 on the job's event queue. A task can be started again once its process has
 exited (`restart`): same command, environment, TF_CONFIG and network.
 

@@ -19,8 +19,7 @@ test reaches their servers, which listen on every interface.
 Start-up: every task imports TensorFlow (~3 s of CPU). By default that
 happens once, in a template process per distinct task environment, from
 which each task is forked (`preload`; `tfdist.launch.preload` says what
-differs from a fresh interpreter): a run of short tasks takes a fraction
-of the time. `preload=()` starts every task as a fresh interpreter.
+differs from a fresh interpreter). `preload=()` starts every task as a fresh interpreter.
 
 Each chief/worker process imports `fn` by its module and qualified name
 (as `pickle` does), calls `fn(*args)` and pickles the return value back
@@ -105,9 +104,9 @@ def run_local_cluster(
         or False (the host's network); see `tfdist.launch.LocalJob`.
       preload: Modules every task imports before TF_CONFIG is set, once per
         distinct environment in a template process that each task is
-        forked from (`tfdist.launch.LocalJob`'s `preload`): a task then
-        starts in ~0.1 s of CPU instead of ~3 s. `()` starts every task as
-        a fresh interpreter.
+        forked from (`tfdist.launch.LocalJob`'s `preload`), so a task does
+        not import them again. `()` starts every task as a fresh
+        interpreter.
 
     Returns:
       The return values of `fn`, one per chief/worker task, in task order:
