@@ -27,8 +27,9 @@ random draws (Dropout), and, under Keras 3, sparse (embedding) gradients
 under an optimizer that squares their rows (Adam, Adagrad, RMSprop: Keras 3
 squares each row before adding those of one index, and the accumulator has
 added them already) wherever an index occurs twice in a batch; that case is
-warned about once per variable. (tf-keras adds an index's rows first.) Losses must be means over the batch
-(Keras's default reduction, "sum_over_batch_size").
+warned about once per variable (tf-keras adds an index's rows first).
+Losses must be means over the batch (Keras's default reduction,
+"sum_over_batch_size").
 
 Evaluation and prediction run as in async mode (they update no weights).
 """
