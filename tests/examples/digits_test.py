@@ -23,7 +23,9 @@ _TIMEOUT_S = 240
 def _run(args, *, launcher_args=None, extra_env=None):
     command = [sys.executable, "-u", _SCRIPT, "--epochs=1", "--steps=2", *args]
     if launcher_args is not None:
-        command = [sys.executable, "-m", "tfdist.launch", *launcher_args, "--", *command]
+        # Each task forked from one process that imported TensorFlow.
+        command = [sys.executable, "-m", "tfdist.launch", "--preload", "tensorflow",
+                   *launcher_args, "--", *command]
     # This checkout's tfdist, not whichever one is installed (a worktree's
     # venv may hold another checkout's editable install).
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 
 from tests.integration import fault_script
+from tfdist.launch import preload
 
 # Imported (not only run) so that Bazel ships it with this test.
 SCRIPT = os.path.abspath(fault_script.__file__)
@@ -47,16 +50,85 @@ def tf_config(addresses: list[str], index: int) -> str:
 def launch(
     out_dir: str, *launcher_args: str, mode: str, tf_keras: bool = False
 ) -> subprocess.CompletedProcess:
+    """Runs the worker program under `tfdist-launch` (2 workers unless `launcher_args` say)."""
+    if "--workers" not in launcher_args:
+        launcher_args = ("--workers", "2", *launcher_args)
     return subprocess.run(
-        [sys.executable, "-m", "tfdist.launch", "--workers", "2", *launcher_args,
+        [sys.executable, "-m", "tfdist.launch", "--preload", "tensorflow", *launcher_args,
          "--", sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
         env=env(tf_keras=tf_keras), capture_output=True, text=True, timeout=JOB_LIMIT_S,
     )
 
 
+class Task:
+    """One task of the worker program, without a launcher: forked from a
+    template process that has imported TensorFlow (`tfdist.launch.preload`).
+
+    Its stdout is discarded and its stderr kept (`stderr`, complete once it
+    has exited).
+    """
+
+    def __init__(
+        self, mode: str, out_dir: str, tf_config: str | None = None, *, tf_keras: bool = False
+    ) -> None:
+        task_env = env(tf_config, tf_keras=tf_keras)
+        self._process = preload.server_for(("tensorflow",), task_env).start(
+            [sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)], task_env, cwd=os.getcwd()
+        )
+        self._stderr: list[bytes] = []
+        self._readers = [
+            threading.Thread(target=self._drain, args=(self._process.stdout, False), daemon=True),
+            threading.Thread(target=self._drain, args=(self._process.stderr, True), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _drain(self, pipe, keep: bool) -> None:
+        with pipe:
+            for chunk in iter(lambda: pipe.read1(65536), b""):
+                if keep:
+                    self._stderr.append(chunk)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    @property
+    def stderr(self) -> str:
+        return b"".join(self._stderr).decode(errors="replace")
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status; raises `subprocess.TimeoutExpired` after `timeout` s."""
+        code = self._process.wait(timeout)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILLs it and what it started, if still running; waits for its exit."""
+        if self._process.returncode is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.wait(timeout=JOB_LIMIT_S)
+
+
 def weights(path: str) -> list[np.ndarray]:
     with np.load(path) as data:
         return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def reference_weights(out_dir: str, *, tf_keras: bool = False) -> list[np.ndarray]:
+    """The final weights of the worker program's `reference` mode (one process, no strategy)."""
+    task = Task("reference", out_dir, tf_keras=tf_keras)
+    try:
+        code = task.wait(timeout=JOB_LIMIT_S)
+    finally:
+        task.kill()
+    if code != 0:
+        raise AssertionError(f"the reference run exited {code}:\n{task.stderr[-3000:]}")
+    return weights(os.path.join(out_dir, "weights.npz"))
 
 
 def epochs_begun(out_dir: str) -> list[list[int]]:

@@ -41,13 +41,8 @@ class RestartTest(tf.test.TestCase, parameterized.TestCase):
             fault_lib.epochs_begun(out_dir),
             [[0, fault_script.KILL_EPOCH]] * 2 + [[fault_script.KILL_EPOCH, 2]] * 2,
         )
-        reference_dir = self.create_tempdir().full_path
-        subprocess.run(
-            [sys.executable, fault_lib.SCRIPT, "reference", reference_dir],
-            env=fault_lib.env(tf_keras=tf_keras), check=True, capture_output=True, timeout=fault_lib.JOB_LIMIT_S,
-        )
         restarted = fault_lib.weights(os.path.join(out_dir, "weights.npz"))
-        uninterrupted = fault_lib.weights(os.path.join(reference_dir, "weights.npz"))
+        uninterrupted = fault_lib.reference_weights(self.create_tempdir().full_path, tf_keras=tf_keras)
         for a, b in zip(restarted, uninterrupted):
             self.assertAllClose(a, b, rtol=fault_lib.FLOAT32_RTOL, atol=fault_lib.FLOAT32_ATOL)
 

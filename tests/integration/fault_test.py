@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -28,23 +26,17 @@ def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
     """Runs both workers in `mode`; returns worker 0's record and the fault time."""
     out_dir = test.create_tempdir().full_path
     addresses = list(launch.make_local_cluster(launch.JobShape(2)).addresses("worker"))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, fault_lib.SCRIPT, mode, out_dir, str(fault_lib.TIMEOUT_S)],
-            env=fault_lib.env(fault_lib.tf_config(addresses, index)),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        for index in range(2)
+    tasks = [
+        fault_lib.Task(mode, out_dir, fault_lib.tf_config(addresses, index)) for index in range(2)
     ]
     try:
-        survivor_stderr = procs[0].communicate(timeout=fault_lib.JOB_LIMIT_S)[1]
+        tasks[0].wait(timeout=fault_lib.JOB_LIMIT_S)
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    test.assertNotEqual(procs[0].returncode, 0, survivor_stderr[-3000:])
+        for task in tasks:
+            task.kill()
+    test.assertNotEqual(tasks[0].returncode, 0, tasks[0].stderr[-3000:])
     if mode == "kill":
-        test.assertEqual(procs[1].returncode, -9)  # SIGKILL, by its own hand.
+        test.assertEqual(tasks[1].returncode, -9)  # SIGKILL, by its own hand.
     with open(os.path.join(out_dir, "worker:0.json")) as f:
         record = json.load(f)
     with open(os.path.join(out_dir, "killed_at")) as f:

@@ -30,8 +30,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -221,20 +219,18 @@ class WorkerKilledInputServiceTest(tf.test.TestCase):
         self.assertLess(result["loss"][-1], result["loss"][0])
 
 
-def _run_ps_job_of_processes(out_dir: str) -> dict[str, subprocess.Popen]:
+def _run_ps_job_of_processes(out_dir: str) -> dict[str, fault_lib.Task]:
     """Chief + 1 worker + 1 ps running `fault_script ps_kill`, no launcher; by task name."""
     shape = launch.JobShape(1, num_ps=1, has_chief=True)
     cluster = launch.make_local_cluster(shape).to_dict()
-    procs = {}
-    for task in shape.tasks():
-        config = json.dumps(
-            {"cluster": cluster, "task": {"type": task.task_type, "index": task.task_id}}
+    return {
+        task.name: fault_lib.Task(
+            "ps_kill",
+            out_dir,
+            json.dumps({"cluster": cluster, "task": {"type": task.task_type, "index": task.task_id}}),
         )
-        procs[task.name] = subprocess.Popen(
-            [sys.executable, fault_lib.SCRIPT, "ps_kill", out_dir, str(fault_lib.TIMEOUT_S)],
-            env=fault_lib.env(config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-    return procs
+        for task in shape.tasks()
+    }
 
 
 class ParameterServerKilledTest(tf.test.TestCase):
@@ -243,12 +239,11 @@ class ParameterServerKilledTest(tf.test.TestCase):
         out_dir = self.create_tempdir().full_path
         procs = _run_ps_job_of_processes(out_dir)
         try:
-            chief_stderr = procs["chief:0"].communicate(timeout=fault_lib.JOB_LIMIT_S)[1]
+            procs["chief:0"].wait(timeout=fault_lib.JOB_LIMIT_S)
         finally:
             for proc in procs.values():
                 proc.kill()
-                proc.wait()
-        self.assertNotEqual(procs["chief:0"].returncode, 0, chief_stderr[-3000:])
+        self.assertNotEqual(procs["chief:0"].returncode, 0, procs["chief:0"].stderr[-3000:])
         self.assertEqual(procs["ps:0"].returncode, -signal.SIGKILL)
         with open(os.path.join(out_dir, "chief:0.json")) as f:
             record = json.load(f)
@@ -263,11 +258,8 @@ class ParameterServerKilledTest(tf.test.TestCase):
     def test_launcher_restart_resumes_from_backup_with_uninterrupted_weights(self):
         out_dir = self.create_tempdir().full_path
         started = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "tfdist.launch", "--chief", "--workers", "1", "--ps", "1",
-             "--restarts", "1", "--", sys.executable, fault_lib.SCRIPT, "ps_restart", out_dir,
-             str(fault_lib.TIMEOUT_S)],
-            env=fault_lib.env(), capture_output=True, text=True, timeout=fault_lib.JOB_LIMIT_S,
+        result = fault_lib.launch(
+            out_dir, "--chief", "--workers", "1", "--ps", "1", "--restarts", "1", mode="ps_restart"
         )
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
         self.assertIn("restart 1/1", result.stderr)
@@ -277,13 +269,8 @@ class ParameterServerKilledTest(tf.test.TestCase):
         self.assertCountEqual(
             fault_lib.epochs_begun(out_dir), [[0, fault_script.KILL_EPOCH], [fault_script.KILL_EPOCH, 2]]
         )
-        reference_dir = self.create_tempdir().full_path
-        subprocess.run(
-            [sys.executable, fault_lib.SCRIPT, "reference", reference_dir],
-            env=fault_lib.env(), check=True, capture_output=True, timeout=fault_lib.JOB_LIMIT_S,
-        )
         restarted = fault_lib.weights(os.path.join(out_dir, "weights.npz"))
-        uninterrupted = fault_lib.weights(os.path.join(reference_dir, "weights.npz"))
+        uninterrupted = fault_lib.reference_weights(self.create_tempdir().full_path)
         for a, b in zip(restarted, uninterrupted):
             self.assertAllClose(a, b, rtol=fault_lib.FLOAT32_RTOL, atol=fault_lib.FLOAT32_ATOL)
 

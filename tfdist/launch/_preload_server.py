@@ -11,7 +11,7 @@ serves requests on the Unix stream socket SOCKET_FD, single-threaded:
 - A request is `("start", argv, env, cwd)` with 2 to 4 file descriptors
   attached: the task's stdout and stderr, then optionally the network
   namespace to join (net, and user if any). It forks a child that runs
-  `argv` = `[python, SCRIPT, ARGS...]` as `python SCRIPT ARGS...` would,
+  `argv` = `[python, [-u,] SCRIPT, ARGS...]` as the interpreter would,
   and answers `("started", pid)` (or `("error", text)` if the fork
   failed).
 - When a child exits it sends `("exit", pid, code)`: its exit status, or
@@ -141,12 +141,15 @@ def _run_child(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], n
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    options = 0
+    while argv[options + 1] == "-u":
+        options += 1
+    unbuffered = bool(options or env.get("PYTHONUNBUFFERED"))
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = _stream(1, unbuffered=unbuffered, line_buffering=False)
     sys.stderr = _stream(2, unbuffered=unbuffered, line_buffering=True)
-    script = argv[1]
-    sys.argv = argv[1:]
+    script = argv[options + 1]
+    sys.argv = argv[options + 1 :]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")
     return 0

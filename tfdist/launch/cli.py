@@ -43,7 +43,8 @@ _EXIT_USAGE = 2
 _USAGE = f"""\
 {_PROG} --workers N [--ps M] [--chief] [--evaluator]
                      [--restarts K] [--worker-restarts K] [--timeout-s T]
-                     [--grace-period-s S] [--no-isolate] -- COMMAND [ARG ...]
+                     [--grace-period-s S] [--no-isolate] [--preload MODULES]
+                     -- COMMAND [ARG ...]
        {_PROG} --workers N [...] --print-tf-config --hosts H:P,H:P,... \
 [-- COMMAND ...]
        {_PROG} --workers N [...] --emit tfjob [--name NAME] [--image IMAGE]
@@ -162,6 +163,19 @@ def _seconds_type(flag: str) -> Callable[[str], float]:
     return parse
 
 
+def _modules_type(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(
+        name and all(part.isidentifier() for part in name.split("."))
+        for name in names
+    ):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated module names, received --preload "
+            f"{text!r}. Pass e.g. --preload tensorflow"
+        )
+    return names
+
+
 def _build_parser(out: TextIO) -> _Parser:
     parser = _Parser(out)
     tasks = parser.add_argument_group("tasks")
@@ -222,6 +236,16 @@ def _build_parser(out: TextIO) -> _Parser:
         help="run the tasks on this host's network, reachable on every "
         "interface, instead of in a private network namespace (for tasks "
         "that need the network: downloads, remote storage)",
+    )
+    run.add_argument(
+        "--preload",
+        type=_modules_type,
+        metavar="MODULES",
+        help="comma-separated modules (e.g. tensorflow) to import once, in "
+        "a template process that every `python SCRIPT.py` task is forked "
+        "from, instead of each task importing them: a task and a restart "
+        "then start in a fraction of a second (default: none; each task is "
+        "a fresh interpreter)",
     )
     real = parser.add_argument_group("describing a real cluster")
     real.add_argument(
@@ -309,12 +333,18 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
                 "(Kubeflow restarts failed pods itself). Drop "
                 "--worker-restarts."
             )
-    if args.no_isolate and (args.print_tf_config or args.emit):
+    if args.print_tf_config or args.emit:
         mode = "--print-tf-config" if args.print_tf_config else "--emit tfjob"
-        raise _UsageError(
-            f"--no-isolate does not apply to {mode}, which launches nothing. "
-            "Drop --no-isolate."
-        )
+        for flag, value in (
+            ("--no-isolate", args.no_isolate or None),
+            ("--preload", args.preload and ",".join(args.preload)),
+        ):
+            if value is not None:
+                shown = "" if value is True else f" {value}"
+                raise _UsageError(
+                    f"{flag}{shown} does not apply to {mode}, which launches "
+                    f"nothing. Drop {flag}."
+                )
     if not args.emit:
         for flag, value in (
             ("--name", args.name),
@@ -439,6 +469,7 @@ def run_cli(
             ),
             isolate=False if args.no_isolate else None,
             forward_signals=True,
+            preload=args.preload or (),
             stdout=out,
             stderr=err,
         )

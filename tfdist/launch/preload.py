@@ -14,8 +14,9 @@ forks a child per task; the child runs the task's script as
 with the task's whole environment.
 
 Which commands: `[PYTHON, SCRIPT.py, ARGS...]` where PYTHON is this
-interpreter (`sys.executable`, resolved) and no interpreter option comes
-before SCRIPT; anything else starts as a fresh process. The template's
+interpreter (`sys.executable`, resolved) and no interpreter option but
+`-u` (unbuffered output) comes before SCRIPT; anything else starts as a
+fresh process. The template's
 environment is the task's without `RUNTIME_VARIABLES` (TF_CONFIG, the
 thread counts), so modules that read the environment at import see the
 task's; those variables are read later, by then set in the child.
@@ -73,13 +74,20 @@ _SERVER_SCRIPT = os.path.abspath(_preload_server.__file__)
 _INTERPRETER = os.path.realpath(sys.executable)
 
 
+#: Interpreter options a forked task may have before SCRIPT.
+OPTIONS = frozenset({"-u"})
+
+
 def is_python_script(program: str, command: Sequence[str]) -> bool:
-    """Whether `command` (run as `program`) is `python SCRIPT.py ...` with this interpreter."""
+    """Whether `command` (run as `program`) is `python [-u] SCRIPT.py ...` with this interpreter."""
+    options = 0
+    while options + 1 < len(command) and command[options + 1] in OPTIONS:
+        options += 1
     return (
-        len(command) >= 2
+        len(command) >= options + 2
         and os.path.realpath(program) == _INTERPRETER
-        and command[1].endswith(".py")
-        and not command[1].startswith("-")
+        and command[options + 1].endswith(".py")
+        and not command[options + 1].startswith("-")
     )
 
 

@@ -90,6 +90,7 @@ def run_local_job(
     worker_restarts: int = supervisor.DEFAULT_WORKER_RESTARTS,
     isolate: bool | None = None,
     forward_signals: bool = False,
+    preload: Sequence[str] = (),
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> job.JobResult:
@@ -119,6 +120,10 @@ def run_local_job(
       forward_signals: Whether to forward SIGINT/SIGTERM received by this
         process to the tasks (main thread only; handlers are restored on
         return).
+      preload: Modules imported once, in a template process that every
+        attempt's `python SCRIPT` tasks are forked from (`LocalJob`'s
+        `preload`; a restart then costs a fork, not an import); `()`
+        starts each task as a fresh process.
       stdout: Where task stdout goes; `None` means `sys.stdout`.
       stderr: Where task stderr and launcher messages go; `None` means
         `sys.stderr`.
@@ -178,6 +183,7 @@ def run_local_job(
                 grace_period_s=grace_period_s,
                 worker_restarts=worker_restarts,
                 isolate=is_isolated,
+                preload=preload,
                 stdout=stdout,
                 stderr=stderr,
             )

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from unittest import mock
 
 import yaml
 from absl.testing import absltest
@@ -98,6 +99,37 @@ class LaunchTest(parameterized.TestCase):
             "tfdist-launch: restart 1/1: task worker:0 exited with code 3",
             err,
         )
+
+    def test_preload_imports_once_for_every_task_and_restart(self):
+        tmp = self.create_tempdir().full_path
+        imports = os.path.join(tmp, "imports")
+        script = os.path.join(tmp, "task.py")
+        with open(script, "w") as f:
+            f.write(
+                "import sys\n"
+                "import tests.unit.launch.preloaded\n"
+                + programs.FAIL_ONCE.replace("import sys\n", "", 1)
+            )
+        env = {
+            "TFDIST_TEST_IMPORTS": imports,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [programs.REPO_ROOT, os.environ.get("PYTHONPATH")])
+            ),
+        }
+
+        with mock.patch.dict(os.environ, env):
+            status, _, err = _cli(
+                "--workers", "2", "--restarts", "1",
+                "--preload", "tests.unit.launch.preloaded",
+                "--", sys.executable, script, os.path.join(tmp, "failed-once"),
+            )
+
+        self.assertEqual(status, 0, err)
+        self.assertIn("tfdist-launch: restart 1/1", err)
+        # Four task starts (two attempts of two workers), one import: the
+        # template's.
+        with open(imports) as f:
+            self.assertLen(f.read().split(), 1)
 
     def test_timeout_kills_every_task_and_exits_124(self):
         started_s = time.monotonic()
@@ -424,6 +456,17 @@ class BadArgumentsTest(parameterized.TestCase):
                 "a:1",
             ],
             r"--no-isolate does not apply to --print-tf-config",
+        ),
+        (
+            "preload_with_emit",
+            ["--workers", "1", "--preload", "tensorflow", "--emit", "tfjob", "--", "x"],
+            r"--preload tensorflow does not apply to --emit tfjob",
+        ),
+        (
+            "preload_not_a_module",
+            ["--workers", "1", "--preload", "tensorflow,,numpy", "--", "x"],
+            r"expected comma-separated module names, received --preload "
+            r"'tensorflow,,numpy'",
         ),
         (
             "network_policy_without_emit",

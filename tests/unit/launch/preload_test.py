@@ -15,7 +15,6 @@ from tfdist.launch import preload
 from tfdist.launch import supervisor
 
 MODULE = "tests.unit.launch.preloaded"
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 #: What a task reports about the interpreter it runs in, as one JSON line.
 REPORT = """\
@@ -31,6 +30,7 @@ print(json.dumps({
     "stdin": sys.stdin.read(),
     "net": os.readlink("/proc/self/ns/net"),
     "session_leader": os.getsid(0) == os.getpid(),
+    "buffers": [type(sys.stdout.buffer).__name__, type(sys.stderr.buffer).__name__],
 }), flush=True)
 """
 
@@ -44,11 +44,13 @@ class PreloadTest(absltest.TestCase):
 
     def env(self, mark: str = "a") -> dict[str, str]:
         # A template per test: its environment names this test's files.
-        env = dict(os.environ)
+        # Without PYTHONUNBUFFERED (which a test runner may set), so that
+        # buffering is the interpreter's default or the command's `-u`.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
         env.update(
             TFDIST_TEST_IMPORTS=self.imports,
             TFDIST_TEST_MARK=mark,
-            PYTHONPATH=os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")])),
+            PYTHONPATH=os.pathsep.join(filter(None, [programs.REPO_ROOT, env.get("PYTHONPATH")])),
         )
         return env
 
@@ -76,18 +78,25 @@ class PreloadTest(absltest.TestCase):
     def test_a_forked_task_runs_as_a_fresh_interpreter_would(self):
         script = self.script(REPORT)
         results = {}
-        for modules in [(), (MODULE,)]:
-            result, out, err = self.run_job("", num_workers=2, modules=modules, isolate=False,
-                                            command=[sys.executable, script, "arg1", "--flag=2"])
-            self.assertTrue(result.succeeded, err)
-            results[modules] = self.reports(out)
+        for options in [(), ("-u",)]:
+            for modules in [(), (MODULE,)]:
+                result, out, err = self.run_job(
+                    "", num_workers=2, modules=modules, isolate=False,
+                    command=[sys.executable, *options, script, "arg1", "--flag=2"])
+                self.assertTrue(result.succeeded, err)
+                results[options, modules] = self.reports(out)
 
-        self.assertEqual(results[(MODULE,)], results[()])
-        self.assertEqual(results[()]["worker:1"]["argv"], [script, "arg1", "--flag=2"])
-        self.assertEqual(results[()]["worker:1"]["name"], "__main__")
-        self.assertEqual(results[()]["worker:1"]["path0"], self.dir)
-        self.assertEqual(results[()]["worker:1"]["task"], {"type": "worker", "index": 1})
-        self.assertTrue(results[()]["worker:1"]["session_leader"])
+        for options in [(), ("-u",)]:
+            self.assertEqual(results[options, (MODULE,)], results[options, ()])
+        self.assertLen(self.imported_in(), 2 * 2 + 1)  # Fresh tasks' imports, then one template.
+        fresh = results[(), ()]["worker:1"]
+        self.assertEqual(fresh["argv"], [script, "arg1", "--flag=2"])
+        self.assertEqual(fresh["name"], "__main__")
+        self.assertEqual(fresh["path0"], self.dir)
+        self.assertEqual(fresh["task"], {"type": "worker", "index": 1})
+        self.assertTrue(fresh["session_leader"])
+        self.assertEqual(fresh["buffers"], ["BufferedWriter", "BufferedWriter"])
+        self.assertEqual(results[("-u",), ()]["worker:1"]["buffers"], ["FileIO", "FileIO"])
 
     def test_the_modules_are_imported_once_for_every_task(self):
         fresh, _, _ = self.run_job(REPORT, num_workers=3, modules=())
@@ -151,14 +160,16 @@ class PreloadTest(absltest.TestCase):
 
     def test_a_command_other_than_a_python_script_starts_afresh(self):
         result, _, err = self.run_job(
-            "", command=programs.python(REPORT.replace("__name__", "'-c'")))
+            "", command=programs.python(REPORT.replace('"name": __name__', '"name": "-c"')))
 
         self.assertTrue(result.succeeded, err)
         self.assertLen(self.imported_in(), 1)  # Imported by the task itself.
         self.assertFalse(preload.is_python_script(sys.executable, programs.python("pass")))
         self.assertFalse(preload.is_python_script("/bin/sh", ["sh", "x.py"]))
-        self.assertFalse(preload.is_python_script(sys.executable, [sys.executable, "-u", "x.py"]))
+        self.assertFalse(preload.is_python_script(sys.executable, [sys.executable, "-O", "x.py"]))
+        self.assertFalse(preload.is_python_script(sys.executable, [sys.executable, "-u"]))
         self.assertTrue(preload.is_python_script(sys.executable, [sys.executable, "x.py"]))
+        self.assertTrue(preload.is_python_script(sys.executable, [sys.executable, "-u", "x.py"]))
 
     def test_a_module_that_fails_to_import_is_named_in_a_launcher_error(self):
         with self.assertRaisesRegex(

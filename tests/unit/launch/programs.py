@@ -25,6 +25,12 @@ from tfdist.launch import supervisor
 #: hang, not a slow machine.
 JOB_BOUND_S = 60.0
 
+#: The repository root: on a template's PYTHONPATH, so that it imports
+#: `tests.unit.launch.preloaded`.
+REPO_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
+
 BLOCK_FOREVER = "import threading; threading.Event().wait()"
 
 #: Prints "ready" once SIGINT and SIGTERM would end it, then blocks. SIGINT
