@@ -4,6 +4,7 @@
 #   make test        the test suite, under Keras 3 and then tf-keras
 #   make bench       benchmarks against TF's built-in strategies
 #   make bazel-test  bazel test //... offline with Debian's Bazel 4
+#   make docs        the documentation and API reference (Sphinx), warnings as errors
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,13 +16,16 @@ PYTEST_FLAGS ?=
 # the tests' time leaves a core idle (process start-up, waits on peers and
 # on timeouts that a fault test must reach), so three processes on two cores
 # shorten the wall time (the Keras 3 stage: 617 s with two, 528 s with
-# three); PYTEST_JOBS=0 runs serially.
+# three); PYTEST_JOBS=0 runs serially. A test process that crashes (a
+# segfault in TensorFlow) fails the run at once, naming its test: xdist's
+# replacement worker under --dist loadfile can wait forever
+# (pytest-dev/pytest-xdist#784).
 PYTEST_JOBS ?= 3
-PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile --max-worker-restart=0)
 # Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
 BAZEL_TEST_ARGS ?=
 
-.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-rest lint bench bazel-test venv clean
+.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-rest lint bench bazel-test docs venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +36,7 @@ $(STAMP_DIR)/%: setup.py | $(PY)
 	mkdir -p $(STAMP_DIR) && touch $@
 
 comma := ,
-EXTRAS_TEST := $(STAMP_DIR)/test+legacy+examples
+EXTRAS_TEST := $(STAMP_DIR)/test+legacy+examples+docs
 EXTRAS_DEMO := $(STAMP_DIR)/examples
 EXTRAS_BENCH := $(STAMP_DIR)/bench+legacy+examples
 
@@ -43,7 +47,7 @@ demo: $(EXTRAS_DEMO)
 
 # Every stage runs, whatever the ones before it did; the run fails at the end
 # if any stage failed, after one line per stage (tools/run_stages.sh).
-TEST_STAGES := test-keras3 test-tfkeras lint
+TEST_STAGES := test-keras3 test-tfkeras lint docs
 
 test: $(EXTRAS_TEST)
 	MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES)
@@ -84,6 +88,14 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/ps_rpcs.py --only="tfdist async, Keras 3" --only="TF ParameterServerStrategy, tf-keras"
 	$(PY) benchmarks/embedding.py
 
+# The pages of docs/ and the API reference from the docstrings, offline:
+# nitpicky (-n), every warning an error (-W, after reporting them all). The
+# source directory is the repository root, narrowed by docs/conf.py to docs/
+# and the Markdown files its pages link to, so those links are checked too.
+docs: $(EXTRAS_TEST)
+	$(VENV)/bin/sphinx-build -W --keep-going -n -c docs -b html . docs/_build/html
+	@echo "Open docs/_build/html/docs/index.html"
+
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs
 # `bazel --batch test //...` (no server left behind) with the venv's Python, and
 # ends with "N passed, M failed". BUILD is generated: python tools/build_gen.py
@@ -91,4 +103,4 @@ bazel-test: $(EXTRAS_TEST)
 	tools/bazel_test.sh $(abspath $(PY)) $(BAZEL_TEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache docs/_build

@@ -39,5 +39,8 @@ setuptools.setup(
             "tensorboard>=2.16,<2.22",  # Tutorials' TensorBoard callback (tests/conformance).
         ],
         "bench": ["matplotlib>=3.7"],
+        # make docs: Sphinx (autodoc, napoleon) and MyST for the Markdown pages;
+        # tested with Sphinx 9.0 and myst-parser 5.2 (both need Python >= 3.11).
+        "docs": ["sphinx>=9.0,<10", "myst-parser>=5.0,<6"],
     },
 )

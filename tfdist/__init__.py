@@ -1,5 +1,7 @@
 """tfdist: custom tf.distribute strategies behind the standard Keras `fit`.
 
+Usage::
+
     import tfdist
     strategy = tfdist.MirroredStrategy()   # or LayerPlacementStrategy(num_microbatches=4)
     with strategy.scope():

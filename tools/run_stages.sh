@@ -18,8 +18,9 @@ for target in "$@"; do
   "$make_cmd" --no-print-directory "$target" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   # pytest's closing lines ("N passed, M skipped in Ts"; one per pytest run
-  # of the target), else mypy's ("Success: ..." / "Found N errors ...").
-  closing=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s|^Success: |^Found [0-9]+ errors?" "$log")
+  # of the target), else mypy's ("Success: ..." / "Found N errors ..."), else
+  # Sphinx's ("build succeeded." / "build finished with problems, ...").
+  closing=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s|^Success: |^Found [0-9]+ errors?|^build (succeeded|finished with problems)" "$log")
   stage_failures=0
   while read -r count word; do
     case $word in

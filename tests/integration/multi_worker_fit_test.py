@@ -162,7 +162,7 @@ def _sync_batch_norm_model(keras):
 def train_more(use_strategy: bool, checkpoint_dir: str | None = None) -> dict[str, object]:
     """Sparse gradients, sync batch norm, gather and ModelCheckpoint, one strategy.
 
-    The README's multi-worker claims, each against one process with the same
+    The multi-worker claims of docs/multi_worker.md, each against one process with the same
     global batch (`use_strategy=False`).
     """
     keras = tf.keras

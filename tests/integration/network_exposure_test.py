@@ -9,7 +9,7 @@ serving input does. While they serve, the test reads the listening sockets
 - isolated (the default): the servers listen in a network namespace whose
   only interface is its loopback; no other namespace sees them, and
   connections from this host are refused;
-- `--no-isolate`: what the README's Security section says: every socket of
+- `--no-isolate`: what docs/security.md says: every socket of
   every task listens on every interface of the host (`*:PORT`), reachable
   at any of the host's addresses.
 """

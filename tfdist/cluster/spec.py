@@ -300,7 +300,7 @@ class TaskSpec:
 
     @property
     def name(self) -> str:
-        """The task's name, `"<task_type>:<task_id>"`, as in `"worker:1"`."""
+        """The task's name, ``<task_type>:<task_id>``, as in ``worker:1``."""
         return f"{self.task_type}:{self.task_id}"
 
 
@@ -479,7 +479,7 @@ class ClusterSpec:
 
     @property
     def chief_task(self) -> TaskSpec | None:
-        """The training chief: `chief:0`, else `worker:0`, else `None`.
+        """The training chief, ``chief:0``, else ``worker:0``, else `None`.
 
         This is TensorFlow's rule: without a chief job, worker 0 is chief.
         """
@@ -718,7 +718,7 @@ class ClusterConfig:
 
     @property
     def address(self) -> str | None:
-        """This task's `host:port`, or `None` for a local config."""
+        """This task's address (``host:port``), or `None` for a local config."""
         if self.cluster is None or self.task is None:
             return None
         return self.cluster.address(self.task)

@@ -220,13 +220,10 @@ def shard(
         not eager.
 
     Example:
-      ```python
-      def dataset_fn(input_context):
-          return tfdist.data.shard(
-              dataset, input_context, global_batch_size=64, seed=0)
-
-      dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
-      ```
+      >>> def dataset_fn(input_context):
+      ...     return tfdist.data.shard(
+      ...         dataset, input_context, global_batch_size=64, seed=0)
+      >>> dist_dataset = strategy.distribute_datasets_from_function(dataset_fn)
     """
     validation.check_bool("normalize_padded_loss", normalize_padded_loss)
     batches, layout, remainder, _ = _real_row_batches(

@@ -1,5 +1,7 @@
 """Run a TF_CONFIG job as local processes, or describe it for a real cluster.
 
+Usage::
+
     python -m tfdist.launch --workers 2 -- python -u train.py   # tfdist-launch
 
     shape = tfdist.launch.JobShape(2, num_ps=1, has_chief=True)

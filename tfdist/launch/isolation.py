@@ -214,7 +214,7 @@ def exposure_notice(reason: str) -> str:
         f"running the tasks on this host's network, not isolated: {reason} "
         "TensorFlow's servers listen on every interface (*:PORT) without "
         "authentication, so anyone who can reach this host can run code in "
-        "the tasks while the job runs; see 'Security' in tfdist's README."
+        "the tasks while the job runs; see docs/security.md in tfdist's repository."
     )
 
 

@@ -178,8 +178,8 @@ def check_command(command: object) -> tuple[str, ...]:
 class JobOutcome(enum.Enum):
     """How a `LocalJob` ended."""
 
-    #: Multi-worker: every chief/worker task exited 0. Parameter-server: the
-    #: chief exited 0.
+    #: Every chief/worker task exited 0 (multi-worker jobs), or the chief
+    #: exited 0 (parameter-server jobs).
     SUCCEEDED = "succeeded"
     #: A task exited with a non-zero code (or was killed by a signal) and
     #: the job's kind does not survive that (see `JobKind`).

@@ -209,12 +209,12 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
 
     @property
     def devices(self) -> tuple[str, ...]:
-        """The candidate stage devices, canonical ("/device:GPU:0"), in order."""
+        """Candidate stage devices in order, canonical (``/device:GPU:0``)."""
         return self._devices
 
     @property
     def num_microbatches(self) -> int:
-        """M: microbatches per step."""
+        """Microbatches per step (M)."""
         return self._num_microbatches
 
     @property

@@ -178,7 +178,7 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
 
     @property
     def cross_device_ops(self) -> tf.distribute.CrossDeviceOps:
-        """What reduces gradients: a tfdist `AllReduce` unless TF's was given."""
+        """The gradient reducer (a tfdist `AllReduce` unless TF's was given)."""
         return self._all_reduce_op
 
     @property

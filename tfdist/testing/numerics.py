@@ -92,7 +92,7 @@ class Comparison:
       distributed_model: The model trained under the strategy.
       single_device_history: `History.history` of the reference `fit`.
       distributed_history: `History.history` of the distributed `fit`.
-      max_weight_difference: (variable name, max |a - b|) after `fit`.
+      max_weight_difference: (variable name, max `abs(a - b)`) after `fit`.
     """
 
     single_device_model: Any
