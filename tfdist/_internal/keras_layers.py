@@ -56,8 +56,14 @@ def storage_variable(weight: Any) -> tf.Variable:
 
 
 def resource_variables(layer: Any) -> list[tf.Variable]:
-    """The `tf.Variable`s behind every weight of `layer` (nested layers included)."""
-    return [storage_variable(weight) for weight in layer.weights]
+    """The `tf.Variable`s behind every weight of `layer` (nested layers included).
+
+    A weight backed by no variable has none: tf-keras's lookup layers
+    (`TextVectorization`, `StringLookup`, ...) list a handler of their
+    vocabulary table among their weights.
+    """
+    variables = (storage_variable(weight) for weight in layer.weights)
+    return [v for v in variables if isinstance(v, tf.Variable)]
 
 
 def has_state_updates(layer: Any) -> bool:

@@ -1,0 +1,128 @@
+"""keras-io examples (`keras_io_examples.py`) under synchronous parameter-server training.
+
+One task process (forked by `run_local_cluster`) starts an in-process
+cluster of 2 workers and 2 ps tasks, and runs every example twice from the
+same seed: without a strategy, and under `tfdist.ParameterServerStrategy(
+mode="sync")`, whose workers each compute half of every global batch.
+
+The text example's table (20000 x 32 float32, 2.56 MB) is split over both
+ps tasks. Where the strategies part:
+
+- Keras 3's sparse Adam squares each row of an embedding gradient before
+  adding an index's rows; sync mode hands it rows already summed over the
+  workers, so the table trains elsewhere than on one device, and tfdist
+  says so (a warning naming the layer and the optimizer).
+- tf-keras lists a split table's shards as separate weights
+  (`get_weights()` returns 2 arrays of 10000 rows): compared here joined,
+  as one device's table.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import logging as absl_logging
+from absl.testing import parameterized
+
+import tfdist
+from tests.conformance import harness
+from tests.conformance import keras_io_examples
+
+pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
+keras = tf.keras
+
+
+class _Warnings(logging.Handler):
+    """Collects the messages of absl's warnings."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def run_examples() -> dict[tuple[str, str], object]:
+    """In the task: every example without a strategy and under sync parameter-server training.
+
+    Returns records by (example, contender), and the warnings logged during
+    each example's sync run by (example, "warnings").
+    """
+    config = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
+    strategies = {
+        # No strategy: after the in-process servers start, this process's
+        # devices are the chief's, which `OneDeviceStrategy("/cpu:0")` is not.
+        "one_device": tf.distribute.get_strategy(),
+        "tfdist_ps_sync": tfdist.ParameterServerStrategy(config, mode="sync", timeout_s=120),
+    }
+    records = {}
+    for example, port in keras_io_examples.EXAMPLES.items():
+        for contender, strategy in strategies.items():
+            workdir = tempfile.mkdtemp(prefix=f"{example}_{contender}_")
+            keras.utils.set_random_seed(harness.SEED)
+            warnings = _Warnings()
+            absl_logging.get_absl_logger().addHandler(warnings)
+            try:
+                records[example, contender] = harness.keeps_partial_results(
+                    lambda c, w, record: port(strategy, w, record)
+                )(contender, workdir)
+            finally:
+                absl_logging.get_absl_logger().removeHandler(warnings)
+                shutil.rmtree(workdir, ignore_errors=True)
+        records[example, "warnings"] = warnings.messages
+    return records
+
+
+class KerasIoExamplesParameterServerTest(harness.ConformanceTestCase, parameterized.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        (cls.records,) = tfdist.testing.run_local_cluster(
+            run_examples, num_workers=1, timeout_s=harness.CLUSTER_TIMEOUT_S
+        )
+
+    def assert_matches_one_device(self, example):
+        record, reference = (self.records[example, c] for c in ("tfdist_ps_sync", "one_device"))
+        self.assert_ran(record)
+        record.weights = _joined_like(record.weights, reference.weights)
+        self.assert_same_results(record, reference)
+
+    @parameterized.parameters("weather_lstm", "structured_data", "training_and_evaluation")
+    def test_sync_matches_one_device(self, example):
+        self.assert_matches_one_device(example)
+        self.assertEqual(self.records[example, "warnings"], [])
+
+    def test_sync_text_cnn_with_adam_is_one_device_or_warned(self):
+        if not harness.KERAS_3:
+            self.assert_matches_one_device("text_cnn")
+            return
+        record, reference = (self.records["text_cnn", c] for c in ("tfdist_ps_sync", "one_device"))
+        self.assert_ran(record)
+        table, reference_table = record.weights[0], reference.weights[0]
+        self.assertEqual(table.shape, (keras_io_examples.MAX_FEATURES, keras_io_examples.EMBEDDING_DIM))
+        self.assertNotAllClose(table, reference_table, rtol=harness.RTOL, atol=harness.ATOL)
+        (warning,) = [w for w in self.records["text_cnn", "warnings"] if "sparse" in w]
+        self.assertIn("embedding", warning)
+        self.assertIn("Adam", warning)
+
+
+def _joined_like(weights: list, like: list) -> list:
+    """`weights` with consecutive row shards joined where `like` has one array."""
+    joined, parts = [], list(weights)
+    for target in like:
+        array = parts.pop(0)
+        while array.shape[1:] == target.shape[1:] and len(array) < len(target) and parts:
+            array = np.concatenate([array, parts.pop(0)])
+        joined.append(array)
+    return joined + parts
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
