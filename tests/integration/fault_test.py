@@ -126,12 +126,15 @@ def _all_reduce_after_compute(timeout_s: float, compute_s: float) -> float:
     return float(strategy.experimental_local_results(step(tf.constant(1.0)))[0].numpy())
 
 
-def _worker_1_never_joins(timeout_s: float) -> dict:
+def _worker_1_never_joins(timeout_s: float, done_path: str) -> dict:
     """In each task: worker 0 all-reduces a float (tfdist's gradient path);
-    worker 1 stays alive, answering probes, and never joins."""
+    worker 1 stays alive, answering probes, and never joins: it leaves once
+    worker 0 has written `done_path` (or after `timeout_s` + 10 s)."""
     strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
     if strategy.cluster_config.task.task_id == 1:
-        time.sleep(timeout_s + 10)
+        deadline = time.monotonic() + timeout_s + 10
+        while not os.path.exists(done_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
         return {}
 
     @tf.function
@@ -151,14 +154,18 @@ def _worker_1_never_joins(timeout_s: float) -> dict:
             and isinstance(e, tf.errors.DeadlineExceededError),
             "message": str(e),
         }
+    finally:
+        open(done_path, "w").close()
     return {"elapsed": time.monotonic() - start, "is_timeout": False, "message": ""}
 
 
 class CollectiveBoundTest(tf.test.TestCase):
     def test_gradient_all_reduce_a_peer_never_joins_times_out(self):
         timeout_s = 5.0
+        done_path = os.path.join(self.create_tempdir().full_path, "worker-0-done")
         record = tfdist.testing.run_local_cluster(
-            _worker_1_never_joins, num_workers=2, args=(timeout_s,), timeout_s=fault_lib.JOB_LIMIT_S
+            _worker_1_never_joins, num_workers=2, args=(timeout_s, done_path),
+            timeout_s=fault_lib.JOB_LIMIT_S,
         )[0]
         self.assertTrue(record["is_timeout"], record)
         self.assertIn("worker:1", record["message"])
