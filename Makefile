@@ -93,7 +93,7 @@ bench: $(EXTRAS_BENCH)
 # source directory is the repository root, narrowed by docs/conf.py to docs/
 # and the Markdown files its pages link to, so those links are checked too.
 docs: $(EXTRAS_TEST)
-	$(VENV)/bin/sphinx-build -W --keep-going -n -c docs -b html . docs/_build/html
+	$(VENV)/bin/sphinx-build -W --keep-going -n --no-color -c docs -b html . docs/_build/html
 	@echo "Open docs/_build/html/docs/index.html"
 
 # Installs bazel-bootstrap + bazel-rules-java via apt-get if missing, runs

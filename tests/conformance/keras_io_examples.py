@@ -1,5 +1,11 @@
 """Four keras-io examples and guides, ported: each a function of the strategy it runs under.
 
+Each runs in its own test file (keras_io_text_cnn_test.py,
+keras_io_weather_lstm_test.py, keras_io_structured_data_test.py,
+keras_guide_training_and_evaluation_test.py: `OneProcessContenders`), so
+that test processes share the work, and all four under synchronous
+parameter-server training in keras_io_examples_ps_test.py.
+
 Sources (keras-team/keras-io):
 
 - `text_cnn`: examples/nlp/text_classification_from_scratch.py. Kept: a
@@ -64,7 +70,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import string
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -413,3 +421,38 @@ EXAMPLES = {
     "structured_data": structured_data,
     "training_and_evaluation": training_and_evaluation,
 }
+
+
+class OneProcessContenders:
+    """Mixin for a `harness.ConformanceTestCase`: `EXAMPLE` under each of `CONTENDERS`.
+
+    Each contender runs the example once, from the harness's seed, in
+    `setUpClass` (`records` by contender): one device, tfdist's
+    `MirroredStrategy` and `LayerPlacementStrategy` (M = 4) over 4 logical
+    CPUs, and TF's `MirroredStrategy` where a subclass adds it. tfdist's
+    strategies train one device's weights and log its values.
+    """
+
+    EXAMPLE: str
+    CONTENDERS: tuple[str, ...] = ("one_device", "tfdist", "tfdist_layer_placement")
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        port = EXAMPLES[cls.EXAMPLE]
+        cls.records = {}
+        for contender in cls.CONTENDERS:
+            workdir = tempfile.mkdtemp(prefix=f"{cls.EXAMPLE}_{contender}_")
+            cls.addClassCleanup(shutil.rmtree, workdir, ignore_errors=True)
+            keras.utils.set_random_seed(harness.SEED)
+            cls.records[contender] = harness.keeps_partial_results(
+                lambda c, w, record: port(harness.make_strategy(c), w, record)
+            )(contender, workdir)
+
+    def test_tfdist_matches_one_device(self):
+        self.assert_same_results(self.records["tfdist"], self.records["one_device"])
+
+    def test_tfdist_layer_placement_matches_one_device(self):
+        self.assert_same_results(
+            self.records["tfdist_layer_placement"], self.records["one_device"]
+        )
