@@ -25,7 +25,7 @@ PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loa
 # Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
 BAZEL_TEST_ARGS ?=
 
-.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-rest lint bench bazel-test docs venv clean
+.PHONY: demo test test-all test-keras3 test-tfkeras test-tfkeras-rest test-extended lint bench bazel-test docs venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,24 +52,30 @@ TEST_STAGES := test-keras3 test-tfkeras lint docs
 test: $(EXTRAS_TEST)
 	MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES)
 
-# Every test, with Keras 3 as tf.keras.
+# Every test but the extended ports (`extended` marker), with Keras 3 as tf.keras.
 test-keras3: $(EXTRAS_TEST)
-	$(PY) -m pytest tests $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	$(PY) -m pytest tests -m "not extended" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 # Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1): the numerics,
 # unit and example tiers that start no cluster of processes, and the whole
-# conformance tier (its multi-worker ports included). test-tfkeras-rest runs
-# the other multi-process model tests under tf-keras; test-all runs
-# everything. CI runs `test` (CONTRIBUTING.md, "CI").
+# conformance tier (its multi-worker ports included) but its extended ports.
+# test-tfkeras-rest runs the other multi-process model tests under tf-keras;
+# test-extended the extended ports (the keras-io examples beyond the
+# transformer), under both front ends; test-all runs everything. CI runs
+# `test` (CONTRIBUTING.md, "CI").
 # One pytest run (its workers' start-up paid once, and the conformance
 # tier's clusters share the workers with the rest).
 test-tfkeras: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and (conformance or not multiprocess)" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and (conformance or not multiprocess) and not extended" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 test-tfkeras-rest: $(EXTRAS_TEST)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and multiprocess and not conformance" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
-test-all: test test-tfkeras-rest
+test-extended: $(EXTRAS_TEST)
+	$(PY) -m pytest tests -m extended $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m extended $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+
+test-all: test test-tfkeras-rest test-extended
 
 lint: $(EXTRAS_TEST)
 	$(PY) -m mypy --ignore-missing-imports tfdist

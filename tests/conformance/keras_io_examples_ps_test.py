@@ -33,7 +33,7 @@ import tfdist
 from tests.conformance import harness
 from tests.conformance import keras_io_examples
 
-pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.model, pytest.mark.multiprocess, pytest.mark.extended]
 keras = tf.keras
 
 

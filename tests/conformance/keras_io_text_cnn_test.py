@@ -14,7 +14,7 @@ import tensorflow as tf
 from tests.conformance import harness
 from tests.conformance import keras_io_examples
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.extended]
 
 
 class TextCnnTest(keras_io_examples.OneProcessContenders, harness.ConformanceTestCase):

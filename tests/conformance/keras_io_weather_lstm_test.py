@@ -13,7 +13,7 @@ import tensorflow as tf
 from tests.conformance import harness
 from tests.conformance import keras_io_examples
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.extended]
 
 
 class WeatherLstmTest(keras_io_examples.OneProcessContenders, harness.ConformanceTestCase):

@@ -229,5 +229,26 @@ class CustomLoopTest(tf.test.TestCase):
         self.assertEqual(plan.num_stages, 1)
 
 
+class LookupLayerTest(tf.test.TestCase):
+    def test_a_model_with_a_lookup_layer_is_placed_and_trained(self):
+        # tf-keras lists a lookup table's handler (no variable, no shape)
+        # among the layer's weights; placing such a model raised
+        # AttributeError (keras-io's text example, end-to-end).
+        strategy = tfdist.LayerPlacementStrategy(DEVICES[:2], num_microbatches=2)
+        with strategy.scope():
+            lookup = keras.layers.StringLookup()  # A vocabulary to adapt: a table handler.
+        lookup.adapt(tf.constant([["a"], ["b"], ["c"]]))
+        with strategy.scope():
+            inputs = keras.Input((1,), dtype="string")
+            x = keras.layers.Embedding(5, 4)(lookup(inputs))
+            outputs = keras.layers.Dense(1)(keras.layers.Flatten()(x))
+            model = keras.Model(inputs, outputs)
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        history = model.fit(tf.constant([["a"], ["b"], ["c"], ["d"]]), np.ones((4, 1), "float32"),
+                            batch_size=4, epochs=1, verbose=0)
+        self.assertTrue(np.isfinite(history.history["loss"][0]))
+        self.assertEqual(model.predict(tf.constant([["b"]]), verbose=0).shape, (1, 1))
+
+
 if __name__ == "__main__":
     tfdist.testing.main()
