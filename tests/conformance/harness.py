@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -41,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from absl import logging as absl_logging
 
 import tfdist
 
@@ -382,6 +384,27 @@ def fit_counting(model: Any, strategy: tf.distribute.Strategy, record: Record, *
     if any(name.startswith("val_") for name in history.history):
         record.inference_counts.append(validation_counts)
     return history.history
+
+
+class _WarningMessages(logging.Handler):
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self._messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def absl_warnings() -> Iterator[list[str]]:
+    """Inside, the messages of absl's warnings (tfdist's) are appended to the list it yields."""
+    messages: list[str] = []
+    handler = _WarningMessages(messages)
+    absl_logging.get_absl_logger().addHandler(handler)
+    try:
+        yield messages
+    finally:
+        absl_logging.get_absl_logger().removeHandler(handler)
 
 
 @dataclasses.dataclass

@@ -19,14 +19,12 @@ ps tasks. Where the strategies part:
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl import logging as absl_logging
 from absl.testing import parameterized
 
 import tfdist
@@ -35,17 +33,6 @@ from tests.conformance import keras_io_examples
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess, pytest.mark.extended]
 keras = tf.keras
-
-
-class _Warnings(logging.Handler):
-    """Collects the messages of absl's warnings."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def run_examples() -> dict[tuple[str, str], object]:
@@ -66,16 +53,14 @@ def run_examples() -> dict[tuple[str, str], object]:
         for contender, strategy in strategies.items():
             workdir = tempfile.mkdtemp(prefix=f"{example}_{contender}_")
             keras.utils.set_random_seed(harness.SEED)
-            warnings = _Warnings()
-            absl_logging.get_absl_logger().addHandler(warnings)
             try:
-                records[example, contender] = harness.keeps_partial_results(
-                    lambda c, w, record: port(strategy, w, record)
-                )(contender, workdir)
+                with harness.absl_warnings() as warnings:
+                    records[example, contender] = harness.keeps_partial_results(
+                        lambda c, w, record: port(strategy, w, record)
+                    )(contender, workdir)
             finally:
-                absl_logging.get_absl_logger().removeHandler(warnings)
                 shutil.rmtree(workdir, ignore_errors=True)
-        records[example, "warnings"] = warnings.messages
+        records[example, "warnings"] = warnings
     return records
 
 

@@ -16,16 +16,15 @@ equal to one device under tf-keras and warned about under Keras 3.
 
 from __future__ import annotations
 
-import logging
 import os
 import traceback
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl import logging as absl_logging
 
 import tfdist
+from tests.conformance import harness
 from tests.conformance.user_patterns import CustomModel
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
@@ -88,28 +87,14 @@ def _sparse_adam_record(strategy) -> dict[str, object]:
     with strategy.scope():
         model = build()
     model.set_weights(single.get_weights())
-    warnings: list[str] = []
-    handler = _Recorder(warnings)
-    absl_logging.get_absl_logger().addHandler(handler)
-    try:
+    with harness.absl_warnings() as warnings:
         model.fit(dataset, epochs=1, verbose=0)
-    finally:
-        absl_logging.get_absl_logger().removeHandler(handler)
     single.fit(dataset, epochs=1, verbose=0)
     return {
         "weights": model.get_weights(),
         "single_weights": single.get_weights(),
         "warnings": warnings,
     }
-
-
-class _Recorder(logging.Handler):
-    def __init__(self, messages: list[str]) -> None:
-        super().__init__(logging.WARNING)
-        self._messages = messages
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._messages.append(record.getMessage())
 
 
 def _build(keras, steps_per_execution):
