@@ -16,10 +16,10 @@ with the task's whole environment.
 Which commands: `[PYTHON, SCRIPT.py, ARGS...]` where PYTHON is this
 interpreter (`sys.executable`, resolved) and no interpreter option but
 `-u` (unbuffered output) comes before SCRIPT; anything else starts as a
-fresh process. The template's
-environment is the task's without `RUNTIME_VARIABLES` (TF_CONFIG, the
-thread counts), so modules that read the environment at import see the
-task's; those variables are read later, by then set in the child.
+fresh process. The template's environment is the task's without
+`RUNTIME_VARIABLES` (TF_CONFIG, the thread counts), so modules that read
+the environment at import see the task's; those variables are read later,
+by then set in the child.
 
 What differs from a fresh interpreter: the task is the template's child,
 not the launcher's, so its exit status comes through the template; it has
