@@ -9,6 +9,9 @@
   work under pytest as they do under `python file.py`.
 - Every test under tests/conformance/ marked `conformance`, so one pytest
   run can select the tier by marker (`make test-tfkeras`).
+- TF's `MultiDeviceIterator` without its per-device prefetch
+  (`_without_device_prefetch`): a test process crashes otherwise, now and
+  then, in TensorFlow.
 """
 
 import os
@@ -16,6 +19,7 @@ import os
 import pytest
 import tensorflow as tf
 from absl import flags
+from tensorflow.python.data.ops import multi_device_iterator_ops
 
 from tfdist.testing import use_logical_cpus
 
@@ -25,6 +29,37 @@ tf.config.threading.set_intra_op_parallelism_threads(
 )
 if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+
+
+def _without_device_prefetch():
+    """Builds TF's `MultiDeviceIterator`s with no prefetch on the devices.
+
+    TF's `OneDeviceStrategy` and `MirroredStrategy` (the reference and TF
+    contenders of most tests) read a distributed dataset through a
+    `MultiDeviceIterator`, whose per-device datasets prefetch: the next
+    element's `GetNextFromShard` is in flight as soon as one is taken. Keras
+    3 takes one batch at the start of every `fit`, `evaluate` and `predict`
+    under a strategy (`_maybe_symbolic_build`) and drops that iterator right
+    after (`EpochIterator.reset`), cancelling the pending call in TF's local
+    rendezvous, which can segfault (tensorflow/tensorflow#62523). Three full
+    runs of the suite died there (2026-11-26, each in a conformance file's
+    `setUpClass`, at `reset` after `_maybe_symbolic_build`). Without the
+    prefetch an element moves only when it is asked for, nothing is pending
+    when Keras drops the iterator, and every element still goes to the same
+    replica in the same order: only when it is copied changes. tfdist's
+    strategies read through a host iterator and never build one.
+    """
+    create = multi_device_iterator_ops._create_device_dataset
+
+    def create_without_prefetch(prototype_ds, incarnation_id, prefetch_buffer_size,
+                                experimental_slack):
+        del prefetch_buffer_size
+        return create(prototype_ds, incarnation_id, 0, experimental_slack)
+
+    multi_device_iterator_ops._create_device_dataset = create_without_prefetch
+
+
+_without_device_prefetch()
 
 
 def pytest_collection_modifyitems(config, items):
