@@ -9,9 +9,8 @@ The text example's table (20000 x 32 float32, 2.56 MB) is split over both
 ps tasks. Where the strategies part:
 
 - Keras 3's sparse Adam squares each row of an embedding gradient before
-  adding an index's rows; sync mode hands it rows already summed over the
-  workers, so the table trains elsewhere than on one device, and tfdist
-  says so (a warning naming the layer and the optimizer).
+  adding an index's rows; sync mode hands it every worker's rows (it
+  summed them before, and the table trained elsewhere than on one device).
 - tf-keras lists a split table's shards as separate weights
   (`get_weights()` returns 2 arrays of 10000 rows): compared here joined,
   as one device's table.
@@ -79,23 +78,12 @@ class KerasIoExamplesParameterServerTest(harness.ConformanceTestCase, parameteri
         record.weights = _joined_like(record.weights, reference.weights)
         self.assert_same_results(record, reference)
 
-    @parameterized.parameters("weather_lstm", "structured_data", "training_and_evaluation")
+    @parameterized.parameters(
+        "text_cnn", "weather_lstm", "structured_data", "training_and_evaluation"
+    )
     def test_sync_matches_one_device(self, example):
         self.assert_matches_one_device(example)
         self.assertEqual(self.records[example, "warnings"], [])
-
-    def test_sync_text_cnn_with_adam_is_one_device_or_warned(self):
-        if not harness.KERAS_3:
-            self.assert_matches_one_device("text_cnn")
-            return
-        record, reference = (self.records["text_cnn", c] for c in ("tfdist_ps_sync", "one_device"))
-        self.assert_ran(record)
-        table, reference_table = record.weights[0], reference.weights[0]
-        self.assertEqual(table.shape, (keras_io_examples.MAX_FEATURES, keras_io_examples.EMBEDDING_DIM))
-        self.assertNotAllClose(table, reference_table, rtol=harness.RTOL, atol=harness.ATOL)
-        (warning,) = [w for w in self.records["text_cnn", "warnings"] if "sparse" in w]
-        self.assertIn("embedding", warning)
-        self.assertIn("Adam", warning)
 
 
 def _joined_like(weights: list, like: list) -> list:

@@ -16,7 +16,6 @@ equal to one device under tf-keras and warned about under Keras 3.
 
 from __future__ import annotations
 
-import os
 import traceback
 
 import numpy as np
@@ -34,7 +33,6 @@ BATCH_SIZE = 32
 NUM_BATCHES = 7
 EPOCHS = 3
 CLUSTER_TIMEOUT_S = 300
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 
 
 def _build_custom(keras):
@@ -210,21 +208,14 @@ class SyncModeTest(tf.test.TestCase):
         for got, expected in zip(result["weights"], result["single_weights"]):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
-    def test_adam_on_repeated_token_rows_is_one_device_or_warned(self):
+    def test_adam_on_repeated_token_rows_equals_one_device(self):
         # Keras 3's Adam squares each sparse row before adding an index's
-        # rows; sync mode has added them already: it differs and says so.
-        # tf-keras adds them first itself: equal to one device, no warning.
+        # rows: sync mode hands it the rows of both slices (it summed them
+        # into one dense gradient before, and the table trained elsewhere).
         result = self.result("sparse_adam")
-        table, single_table = result["weights"][0], result["single_weights"][0]
-        if KERAS_3:
-            self.assertGreater(np.max(np.abs(table - single_table)), 1e-4)
-            (warning,) = [w for w in result["warnings"] if "sums the workers' sparse" in w]
-            self.assertIn("tokens", warning)
-            self.assertIn("Adam", warning)
-        else:
-            for got, expected in zip(result["weights"], result["single_weights"]):
-                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-            self.assertEqual([w for w in result["warnings"] if "sparse" in w], [])
+        for got, expected in zip(result["weights"], result["single_weights"]):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        self.assertEqual([w for w in result["warnings"] if "sparse" in w], [])
 
     def test_keras_guide_train_step_logs_one_devices_metrics(self):
         # Each slice returns metrics read when it ends, maybe before the

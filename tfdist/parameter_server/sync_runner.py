@@ -9,11 +9,14 @@ For each batch Keras's loop reads (the global batch, as on one device):
         apply_gradients (and Keras 3's apply, which a custom train_step
         may call instead) replaced (while tracing) by
             acc[v] += n_i * gradient_i(v)     # atomic, on v's ps task
+            (a sparse gradient: rows_i[v] := n_i * its rows, with their
+            indices; slice i's own buffers, on a ps task)
         (metrics update as usual: their variables live on the ps tasks)
     wait for every slice                        # the step barrier
     phase 2, on one worker:
         optimizer.apply_gradients((acc[v] / N, v) for every v)   # N = sum n_i
-        acc[v] = 0
+            (a sparse one: the rows of every rows_i[v], / N)
+        acc[v] = 0; rows_i[v] = no rows
         read the metrics (the step's logs: each slice's own logs were
             read when it ended, maybe before another slice's updates)
     wait                                       # the next step reads new weights
@@ -21,15 +24,14 @@ For each batch Keras's loop reads (the global batch, as on one device):
 `gradient_i` is the gradient of slice i's mean loss, so `sum n_i g_i / N`
 is the gradient of the global batch's mean loss (plus the regularisation
 terms once): the update one device makes with the same global batch, up
-to float rounding. Not equal to one device: layers whose forward pass
-depends on the whole batch (BatchNormalization's batch statistics) or on
-random draws (Dropout), and, under Keras 3, sparse (embedding) gradients
-under an optimizer that squares their rows (Adam, Adagrad, RMSprop: Keras 3
-squares each row before adding those of one index, and the accumulator has
-added them already) wherever an index occurs twice in a batch; that case is
-warned about once per variable (tf-keras adds an index's rows first).
-Losses must be means over the batch (Keras's default reduction,
-"sum_over_batch_size").
+to float rounding. Sparse gradients (a lookup's `IndexedSlices`) are not
+summed but kept as rows, per slice, on the ps tasks (`row_buffers`): the
+optimizer receives the rows one device's gradient has, which Keras 3's
+Adam, Adagrad and RMSprop need (they square each row before adding those
+of one index). Not equal to one device: layers whose forward pass depends
+on the whole batch (BatchNormalization's batch statistics) or on random
+draws (Dropout). Losses must be means over the batch (Keras's default
+reduction, "sum_over_batch_size").
 
 Evaluation and prediction run as in async mode (they update no weights).
 """
@@ -43,8 +45,8 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist._internal import keras_ps
-from tfdist._internal import sparse_rows
 from tfdist.parameter_server import async_runner
+from tfdist.parameter_server import row_buffers
 from tfdist.parameter_server import scheduler as scheduler_lib
 from tfdist.parameter_server import update_gate
 
@@ -81,42 +83,6 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
     return slices
 
 
-# Optimizers whose update is linear in the gradient: a sum of rows updates
-# as the rows themselves do (by class name; LossScaleOptimizer unwrapped).
-_LINEAR_OPTIMIZERS = frozenset({"SGD"})
-_warned: set[tuple[int, str]] = set()
-
-
-def _warn_if_rows_squared(gradient: tf.IndexedSlices, variable: Any, optimizer: Any) -> None:
-    """Warns (once per variable and optimizer) where summing rows densely changes the update.
-
-    The slices' sparse gradients are summed into a dense accumulator, so
-    the optimizer sees each index's rows already added. Keras 3 applies
-    Adam, Adagrad, RMSprop and the like to sparse rows by squaring each
-    row before adding those of one index; one device then differs wherever
-    an index occurs more than once in a batch (a token seen twice). Not for
-    lookups of constant indices (a position embedding): one device has one
-    row per index there too. Only for Keras 3's optimizers: tf-keras's add
-    an index's rows before their update, as the accumulator does.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    name = type(inner).__name__
-    key = (id(optimizer), getattr(variable, "path", None) or variable.name)
-    if name in _LINEAR_OPTIMIZERS or key in _warned or sparse_rows.rows_align([gradient]):
-        return
-    _warned.add(key)
-    logging.warning(
-        "tfdist ParameterServerStrategy(mode='sync') sums the workers' sparse "
-        "gradients of %s into one dense gradient per step; %s updates from "
-        "the squares of sparse rows, so wherever an index occurs more than "
-        "once in a batch (a token seen twice) this variable's update differs "
-        "from one device's. SGD (with or without momentum) is equal to one "
-        "device; for %s on embeddings, tfdist.MirroredStrategy or "
-        "tfdist.MultiWorkerMirroredStrategy keep every row.",
-        key[1], name, name,
-    )
-
-
 class _SyncTrainFunction:
     """What `SyncRunner.compile("train")` returns; traced per input structure."""
 
@@ -131,15 +97,19 @@ class _SyncTrainFunction:
         self._accumulators: list[Any] = []
         by_id: dict[int, Any] = {}
         self._by_id = by_id
+        rows = row_buffers.RowBuffers(runner.num_workers)
+        self._rows = rows
 
         def accumulate(grads_and_vars: Any, *args: Any, **kwargs: Any) -> None:
             del args, kwargs
             for gradient, variable in grads_and_vars:
                 if gradient is None:
                     continue
+                if row_buffers.keeps_rows(gradient) and rows.write(
+                    self._slice_index, variable, gradient, self._slice_size
+                ):
+                    continue
                 target = by_id[id(variable)]
-                if keras3 and isinstance(gradient, tf.IndexedSlices):
-                    _warn_if_rows_squared(gradient, variable, optimizer)
                 gradient = tf.convert_to_tensor(gradient)
                 target.assign_add(gradient * tf.cast(self._slice_size, gradient.dtype))
 
@@ -169,14 +139,22 @@ class _SyncTrainFunction:
                 for name in replacements:
                     del vars(optimizer)[name]
 
-        def gradients(batches: tuple[Any, ...]) -> Any:
-            (batch,) = batches
-            return strategy.run(slice_step, args=(batch,))
+        def slice_function(slice_index: int) -> Any:
+            def gradients(batches: tuple[Any, ...]) -> Any:
+                (batch,) = batches
+                self._slice_index = slice_index  # Read while tracing (row buffers).
+                return strategy.run(slice_step, args=(batch,))
+
+            # Recorded: a slice that finished is never applied twice.
+            return runner.ledger.function(gradients, autograph=not keras3)
 
         def apply_once(scale: tf.Tensor) -> Any:
             def apply_fn(scale: tf.Tensor) -> Any:
                 grads = [
-                    tf.convert_to_tensor(a) * tf.cast(scale, a.dtype) for a in self._accumulators
+                    rows.gradient(v, scale)
+                    if rows.has(v)
+                    else tf.convert_to_tensor(a) * tf.cast(scale, a.dtype)
+                    for v, a in zip(self._variables, self._accumulators)
                 ]
                 optimizer.apply_gradients(zip(grads, self._variables))
                 keras_ps.increment_step_counter(model, "train", 1)
@@ -185,12 +163,14 @@ class _SyncTrainFunction:
                 return model.get_metrics_result()
 
             metrics = strategy.run(apply_fn, args=(scale,))
-            for accumulator in self._accumulators:
-                accumulator.assign(tf.zeros_like(accumulator))
+            for v, accumulator in zip(self._variables, self._accumulators):
+                if not rows.has(v):
+                    accumulator.assign(tf.zeros_like(accumulator))
+            rows.clear()
             return metrics
 
-        # Recorded: a slice or an apply that finished is never applied twice.
-        self._gradients = runner.ledger.function(gradients, autograph=not keras3)
+        self._slice_function = slice_function
+        self._slice_functions: list[Any] = []
         self._apply = runner.ledger.function(apply_once, autograph=not keras3)
         self._apply_concrete: Any = None
 
@@ -216,22 +196,43 @@ class _SyncTrainFunction:
             ]
         self._by_id.update((id(v), a) for v, a in zip(self._variables, self._accumulators))
 
+    def _traced_slice(self, index: int, spec: tuple[Any, ...]) -> Any:
+        while len(self._slice_functions) <= index:
+            self._slice_functions.append(self._slice_function(len(self._slice_functions)))
+        return self._slice_functions[index].get_concrete_function(spec)
+
     def get_concrete_function(self, specs: tuple[Any, ...]) -> _SyncSteps:
+        """The step for batches of `specs[0]`: one traced function per slice, and the apply.
+
+        A trace that meets sparse gradients without row buffers makes them
+        and traces again (`row_buffers`); the apply is traced after, once
+        (again if buffers were added since). Steps returned before stay
+        consistent: their slices and apply accumulate as they were traced.
+        """
         if not self._variables:
             self._create_accumulators(specs[0])
+        spec = (specs[0],)
+        first = self._traced_slice(0, spec)
+        if self._rows.create(self._runner.strategy):
+            self._slice_functions = []
+            self._apply_concrete = None
+            first = self._traced_slice(0, spec)
+        slices = [first]
+        for index in range(1, self._runner.num_workers):
+            # Each slice writes row buffers of its own; without any, one trace serves all.
+            slices.append(self._traced_slice(index, spec) if self._rows else first)
         if self._apply_concrete is None:
             self._apply_concrete = self._apply.get_concrete_function(
                 tf.TensorSpec([], tf.float32)
             )
-        gradients = self._gradients.get_concrete_function((specs[0],))
-        return _SyncSteps(gradients, self._apply_concrete)
+        return _SyncSteps(slices, self._apply_concrete)
 
 
 class _SyncSteps:
-    """A traced synchronous step: the slice function and the apply function."""
+    """A traced synchronous step: a function per slice index, and the apply function."""
 
-    def __init__(self, gradients: Any, apply: Any) -> None:
-        self.gradients = gradients
+    def __init__(self, slices: list[Any], apply: Any) -> None:
+        self.slices = slices
         self.apply = apply
 
 
@@ -271,7 +272,7 @@ class SyncRunner:
         # at once (KerasLoop), the last step's in each epoch included.
         self.blocks_on_steps = True
         self._scheduler = scheduler
-        self._num_workers = num_workers
+        self.num_workers = num_workers
         self._async = async_runner.AsyncRunner(strategy, scheduler, gate)
         self.ledger = self._async.ledger
         # Apply steps are never handed out as a step's logs; their metric
@@ -300,10 +301,11 @@ class SyncRunner:
         last = applied = None
         with self.strategy.scope():
             for batch in batches:
-                slices = split_batch(batch, self._num_workers)
+                slices = split_batch(batch, self.num_workers)
                 size = sum(int(_first_leaf(piece).shape[0]) for piece in slices)
                 handles = [
-                    self._scheduler.schedule(function.gradients, ((piece,),)) for piece in slices
+                    self._scheduler.schedule(traced, ((piece,),))
+                    for traced, piece in zip(function.slices, slices)
                 ]
                 for handle in handles:
                     self._scheduler.wait(handle)
