@@ -11,7 +11,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Re-install only when setup.py changes; each stamp records the extras done.
 STAMP_DIR := $(VENV)/.tfdist-stamps
-PYTEST_FLAGS ?=
+# The slowest set-ups and tests, listed in every test run's log (where CI's time goes).
+PYTEST_FLAGS ?= --durations=20 --durations-min=5
 # Test processes (pytest-xdist; a file's tests stay in one process). Much of
 # the tests' time leaves a core idle (process start-up, waits on peers and
 # on timeouts that a fault test must reach), so three processes on two cores
