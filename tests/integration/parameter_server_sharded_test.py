@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.conformance import harness
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
 
@@ -72,13 +73,6 @@ def _large_variables(model) -> dict[str, object]:
     return {"embedding": embedding.embeddings, "kernel": hidden.kernel}
 
 
-def _whole_weights(model) -> list[np.ndarray]:
-    """The model's weights, each whole (tf-keras's `get_weights` lists shards)."""
-    embedding, _, hidden, output = model.layers
-    variables = (embedding.embeddings, hidden.kernel, hidden.bias, output.kernel, output.bias)
-    return [tf.convert_to_tensor(v).numpy() for v in variables]
-
-
 def _placement(strategy, variable) -> list[str]:
     """The device of each shard, in shard order (one entry if whole)."""
     return [shard.device.split("/device")[0] for shard in strategy.variable_shards(variable)]
@@ -115,18 +109,19 @@ def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
     keras.utils.set_random_seed(SEED)
     one_device = _build(keras, tf.distribute.get_strategy())
     record: dict[str, object] = {
-        "initial_weights": _whole_weights(model),
-        "one_device_initial_weights": _whole_weights(one_device),
+        "initial_weights": model.get_weights(),
+        "one_device_initial_weights": one_device.get_weights(),
     }
-    one_device.set_weights(_whole_weights(model))
+    one_device.set_weights(model.get_weights())
     try:
         history = model.fit(dataset, epochs=EPOCHS, verbose=0)
     except Exception as e:  # noqa: BLE001 - reported to the test.
         record["unexpected"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         return record
     one_device.fit(dataset, epochs=EPOCHS, verbose=0)
-    record["weights"] = _whole_weights(model)
+    record["weights"] = model.get_weights()
     record["one_device_weights"] = one_device.get_weights()
+    record["files"] = _weight_files(keras, strategy, model, os.path.dirname(checkpoint_prefix))
     record["slot_rows"] = _slot_rows(strategy, model)
     large = _large_variables(model)
     record["placement"] = {name: _placement(strategy, v) for name, v in large.items()}
@@ -158,6 +153,30 @@ def train_and_save(checkpoint_prefix: str) -> dict[str, object]:
     record["hashed_loss"] = hashed_model.fit(dataset, epochs=EPOCHS, verbose=0).history["loss"]
     record["hashed_placement"] = [_placement(strategy, shard)[0] for shard in hashed.shards]
     return record
+
+
+def _weight_files(keras, strategy, model, directory: str) -> dict[str, object]:
+    """Weights files of the split model loaded on one device, and one device's into a split model."""
+    found: dict[str, object] = {}
+    suffixes = [".weights.h5"] if keras.__name__.startswith("keras") else [".weights.h5", ".h5"]
+    for suffix in suffixes:
+        path = os.path.join(directory, "split" + suffix)
+        model.save_weights(path)
+        one_device = _build(keras, tf.distribute.get_strategy())
+        one_device.load_weights(path)
+        found[f"split{suffix} on one device"] = one_device.get_weights()
+        one_device.set_weights([np.full_like(w, 0.25) for w in one_device.get_weights()])
+        path = os.path.join(directory, "one_device" + suffix)
+        one_device.save_weights(path)
+        split = _build(keras, strategy)
+        split.load_weights(path)
+        found[f"one_device{suffix} split"] = split.get_weights()
+    table = model.layers[0]
+    try:
+        table.set_weights([np.zeros((VOCABULARY - 1, EMBEDDING_DIM), "float32")])
+    except ValueError as e:
+        found["bad shape"] = f"{type(e).__module__}.{type(e).__name__}: {e}"
+    return found
 
 
 def restore(checkpoint_path: str) -> dict[str, object]:
@@ -230,6 +249,26 @@ class ShardedVariablesTest(tf.test.TestCase):
         loss = self.trained["loss"]
         self.assertLess(loss[-1], loss[0])
         self.assertEqual(self.trained["iterations"], EPOCHS * NUM_EXAMPLES // BATCH_SIZE)
+
+    def test_get_weights_lists_each_split_variable_whole_as_one_device(self):
+        shapes = [w.shape for w in self.trained["weights"]]
+        self.assertEqual(shapes, [w.shape for w in self.trained["one_device_weights"]])
+        self.assertEqual(shapes[0], (VOCABULARY, EMBEDDING_DIM))
+
+    def test_weight_files_load_across_split_and_one_device(self):
+        files = self.trained["files"]
+        for suffix in [".weights.h5"] + ([] if harness.KERAS_3 else [".h5"]):
+            for got, expected in zip(files[f"split{suffix} on one device"], self.trained["weights"]):
+                np.testing.assert_array_equal(got, expected, err_msg=suffix)
+            for got in files[f"one_device{suffix} split"]:
+                np.testing.assert_array_equal(got, np.full_like(got, 0.25), err_msg=suffix)
+
+    def test_set_weights_of_the_wrong_shape_is_refused(self):
+        message = self.trained["files"]["bad shape"]
+        self.assertIn("999", message)
+        if not harness.KERAS_3:
+            self.assertTrue(message.startswith("tfdist.errors.ConfigError"), message)
+            self.assertIn("whole shape is (1000, 16)", message)
 
     def test_consistent_hash_table_has_one_shard_per_ps_and_trains(self):
         self.assertEqual(self.trained["hashed_placement"], _ps(0, 1))

@@ -29,7 +29,9 @@ places where it fails or wastes:
   calls it) moves that one Keras variable to a subclass that checkpoints
   through those saveables, as TF's own `ShardedVariable` does: the key is
   the whole variable's, so a checkpoint of N shards (or of a whole
-  variable) restores into M shards, or whole.
+  variable) restores into M shards, or whole. The subclass also reads as
+  one array (`__array__`, which Keras's `numpy()`, `get_weights` and
+  `save_weights` use and a `ShardedVariable` lacks).
 
 A Keras optimizer then applies `IndexedSlices` with `scatter_*` on the
 `ShardedVariable` (Keras 3's TF optimizer does so for sparse gradients),
@@ -53,14 +55,16 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable as _sharded_variable
+
+from tfdist._internal import tf_keras_sharded
 
 __all__ = ["install", "join_gradients", "mark_split", "sharded_value"]
 
@@ -162,6 +166,12 @@ def _gather_shard_saveables(variable: Any) -> Any:
     return variable._value._gather_saveables_for_checkpoint()
 
 
+def _whole_array(variable: Any, dtype: Any = None, copy: Any = None) -> Any:
+    """`__array__` of a split Keras 3 variable: the whole value (TF's `ShardedVariable` has none)."""
+    del copy  # A new array either way.
+    return np.asarray(variable._value.numpy(), dtype=dtype)
+
+
 #: Keras variable class -> its subclass that checkpoints as shards.
 _SPLIT_CLASSES: dict[type, type] = {}
 
@@ -171,7 +181,9 @@ def mark_split(variable: Any) -> None:
 
     Changes the class of that one instance to a subclass defining only
     `_gather_saveables_for_checkpoint` (TF then takes the legacy saveables
-    path for it, as for a `ShardedVariable`). Idempotent.
+    path for it, as for a `ShardedVariable`) and `__array__` (Keras's reads
+    the `tf.Variable`'s, which a `ShardedVariable` lacks: `save_weights`
+    and `numpy()` failed). Idempotent.
     """
     base = type(variable)
     if base in _SPLIT_CLASSES.values():
@@ -183,6 +195,7 @@ def mark_split(variable: Any) -> None:
             (base,),
             {
                 "_gather_saveables_for_checkpoint": _gather_shard_saveables,
+                "__array__": _whole_array,
                 "__module__": __name__,
                 "__doc__": f"A {base.__name__} split over ps tasks (tfdist).",
             },
@@ -193,11 +206,6 @@ def mark_split(variable: Any) -> None:
 
 #: Keras 3's TF backend module holding `take`.
 _KERAS3_TF_NUMPY = "keras.src.backend.tensorflow.numpy"
-
-
-def _legacy_keras() -> bool:
-    """Whether `tf.keras` is tf-keras (TF's own rule: TF_USE_LEGACY_KERAS)."""
-    return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
 
 
 def install() -> None:
@@ -214,7 +222,7 @@ def install() -> None:
         if _installed:
             return
         keras_tf_numpy: Any = sys.modules.get(_KERAS3_TF_NUMPY)
-        if keras_tf_numpy is None and not _legacy_keras():
+        if keras_tf_numpy is None and not tf_keras_sharded.legacy_keras():
             try:
                 keras_tf_numpy = importlib.import_module(_KERAS3_TF_NUMPY)
             except ImportError:  # No Keras 3: tf-keras trains split variables itself.

@@ -31,6 +31,7 @@ from tfdist import errors
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
 from tfdist._internal import ps_runtime
+from tfdist._internal import tf_keras_sharded
 from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import resolver as resolver_lib
@@ -230,6 +231,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         )
         if variable_partitioner is not None:
             keras_sharded.install()  # Keras 3 trains split variables.
+            tf_keras_sharded.install()  # tf-keras lists them whole.
         # Every update of a step applied once, whatever TF re-runs.
         self._update_gate = update_gate.UpdateGate() if exactly_once else None
         try:
