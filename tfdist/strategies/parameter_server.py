@@ -28,6 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import keras_compat
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
 from tfdist._internal import ps_runtime
@@ -287,8 +288,12 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         tf-keras runs `fit`/`evaluate`/`predict` in this scope, and reads some
         of its own variables (on the ps tasks) between steps, outside tfdist's
         scheduler: TF's bare `UnavailableError` becomes tfdist's error.
+        Inside, tf-keras's `LossScaleOptimizer` works (it refuses strategies
+        it does not list; each step's gradients are unscaled once per
+        worker replica, and each variable has one copy:
+        `keras_compat.loss_scaling_allowed`, undone on exit).
         """
-        return _NamingLostPs(super().scope())
+        return _Scope(super().scope(), keras_compat.loss_scaling_allowed(type(self)))
 
     @property
     def cluster_config(self) -> ClusterConfig:
@@ -434,16 +439,20 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         keras_ps.make_counters_exact(variables)
 
 
-class _NamingLostPs:
-    """A strategy scope whose exit turns TF's error for a lost ps into tfdist's."""
+class _Scope:
+    """TF's strategy scope with `inner` entered inside it; its exit turns TF's error for a lost ps into tfdist's."""
 
-    def __init__(self, scope: Any) -> None:
+    def __init__(self, scope: Any, inner: Any) -> None:
         self._scope = scope
+        self._inner = inner
 
     def __enter__(self) -> Any:
-        return self._scope.__enter__()
+        entered = self._scope.__enter__()
+        self._inner.__enter__()
+        return entered
 
     def __exit__(self, kind: Any, value: BaseException | None, traceback: Any) -> Any:
+        self._inner.__exit__(kind, value, traceback)
         suppressed = self._scope.__exit__(kind, value, traceback)
         lost = None if suppressed else scheduler_lib.lost_ps_error(value)
         if lost is not None:
