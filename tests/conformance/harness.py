@@ -45,11 +45,11 @@ import tensorflow as tf
 from absl import logging as absl_logging
 
 import tfdist
+from tests.front_end import KERAS_3
 
 keras = tf.keras
 
 #: Whether tf.keras is Keras 3 (else tf-keras, TF_USE_LEGACY_KERAS=1).
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 NUM_REPLICAS = 4
 DEVICES = [f"/cpu:{i}" for i in range(NUM_REPLICAS)]
 SEED = 7

@@ -40,6 +40,7 @@ from absl.testing import parameterized
 import tfdist
 from tests.integration import fault_lib
 from tests.integration import fault_script
+from tests.integration import ps_counting
 from tfdist import launch
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
@@ -87,20 +88,6 @@ def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dic
     x[:, 0] = np.arange(NUM_EXAMPLES)  # Each example's id, counted on the ps.
     y = (x[:, 1] > 0).astype("int32")
     marker = os.path.join(out_dir, "stalled")
-
-    class CountIds(keras.layers.Layer):
-        def build(self, input_shape):
-            self.counts = tf.Variable(tf.zeros([NUM_EXAMPLES], tf.int32), trainable=False)
-
-        def call(self, inputs, training=None):
-            if not training:
-                return inputs[:, 1:]
-            seen = tf.math.bincount(
-                tf.cast(inputs[:, 0], tf.int32),
-                minlength=NUM_EXAMPLES, maxlength=NUM_EXAMPLES, dtype=tf.int32,
-            )
-            with tf.control_dependencies([self.counts.assign_add(seen)]):
-                return tf.identity(inputs[:, 1:])
 
     class StallOnce(keras.layers.Layer):
         """Identity; the first backward pass through a batch with STALL_ID stalls."""
@@ -153,7 +140,7 @@ def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dic
             self.killed.set()
 
     with strategy.scope():
-        counter = CountIds()
+        counter = ps_counting.count_ids(keras, NUM_EXAMPLES)
         inputs = keras.Input((6,))
         hidden = keras.layers.Dense(32, activation="relu")(counter(inputs))
         outputs = keras.layers.Dense(2)(StallOnce()([hidden, inputs]))

@@ -8,18 +8,17 @@ which examples were trained on, how often.
 
 from __future__ import annotations
 
-import os
 import traceback
 
 import numpy as np
 import tensorflow as tf
 
+from tests.front_end import KERAS_3
+
 NUM_EXAMPLES = 200  # 7 batches of 32: a short last batch of 8.
 BATCH_SIZE = 32
 NUM_BATCHES = 7
 NUM_FEATURES = 6
-#: Whether tf.keras is Keras 3 (else tf-keras, TF_USE_LEGACY_KERAS=1).
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -31,24 +30,33 @@ def data() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def build(keras, strategy, *, steps_per_execution: int = 1):
-    """A small classifier whose first layer counts the ids it trains on."""
+def count_ids(keras, num_examples: int = NUM_EXAMPLES):
+    """A layer counting, in a variable (`counts`), the ids (column 0) of the examples it trains on.
+
+    It passes the other columns on; at inference it counts nothing.
+    """
 
     class CountIds(keras.layers.Layer):
         def build(self, input_shape):
             self.counts = tf.Variable(
-                tf.zeros([NUM_EXAMPLES], tf.int32), trainable=False, name="counts"
+                tf.zeros([num_examples], tf.int32), trainable=False, name="counts"
             )
 
         def call(self, inputs, training=None):
             if training:
                 ids = tf.cast(inputs[:, 0], tf.int32)
                 seen = tf.math.bincount(
-                    ids, minlength=NUM_EXAMPLES, maxlength=NUM_EXAMPLES, dtype=tf.int32
+                    ids, minlength=num_examples, maxlength=num_examples, dtype=tf.int32
                 )
                 with tf.control_dependencies([self.counts.assign_add(seen)]):
                     return tf.identity(inputs[:, 1:])
             return inputs[:, 1:]
+
+    return CountIds()
+
+
+def build(keras, strategy, *, steps_per_execution: int = 1):
+    """A small classifier whose first layer counts the ids it trains on."""
 
     class CountExamples(keras.metrics.Metric):
         def __init__(self, **kwargs):
@@ -62,7 +70,7 @@ def build(keras, strategy, *, steps_per_execution: int = 1):
             return tf.identity(self.total)  # A read: Keras keeps the result.
 
     with strategy.scope():
-        counter = CountIds()
+        counter = count_ids(keras)
         model = keras.Sequential(
             [
                 keras.Input((NUM_FEATURES,)),

@@ -27,10 +27,10 @@ from tfdist._internal import keras_layers
 from tfdist.data import splitting
 from tfdist.testing import numerics
 from tests.numerics import placement_cases
+from tests.front_end import KERAS_3
 
 pytestmark = pytest.mark.model
 keras = tf.keras
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 # Batch statistics over 7-8 rows amplify rounding (1/sqrt(variance)).
 BATCH_NORM_ATOL = 1e-5
 

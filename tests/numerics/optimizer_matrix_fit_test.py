@@ -20,7 +20,6 @@ Keras 3 and tf-keras.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import tensorflow as tf
@@ -29,10 +28,10 @@ from absl.testing import parameterized
 import tfdist
 from tests.numerics import position_embedding_fit_test as position
 from tfdist.testing import numerics
+from tests.front_end import KERAS_3
 
 pytestmark = pytest.mark.model
 keras = tf.keras
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 
 # Same examples and initial weights; only float32 summation order differs.
 # Adam-like updates divide by the root of the squared gradient, magnifying

@@ -12,7 +12,6 @@ Keras 3 and tf-keras.
 
 from __future__ import annotations
 
-import os
 from unittest import mock
 
 import numpy as np
@@ -23,6 +22,7 @@ import tfdist
 from tests.conformance.user_patterns import TokenAndPositionEmbedding
 from tfdist._internal import sparse_rows
 from tfdist.testing import numerics
+from tests.front_end import KERAS_3
 
 pytestmark = pytest.mark.model
 keras = tf.keras
@@ -30,7 +30,6 @@ keras = tf.keras
 MAXLEN, VOCAB, DIM, CLASSES = 8, 20, 4, 3
 NUM_EXAMPLES, GLOBAL_BATCH_SIZE = 64, 16
 DEVICES = [f"/cpu:{i}" for i in range(4)]
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 # Same examples, same initial weights: float32 summation order only (the
 # replicas' rows added in the all-reduce's order, one device's over the
 # batch). Adam divides by the root of the squared gradient, so a position

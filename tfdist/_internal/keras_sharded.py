@@ -53,11 +53,12 @@ when the nearer class in its MRO defines them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,7 @@ from tensorflow.python.distribute import sharded_variable as _sharded_variable
 
 from tfdist._internal import tf_keras_sharded
 
-__all__ = ["install", "join_gradients", "mark_split", "sharded_value"]
+__all__ = ["install", "installed", "join_gradients", "mark_split", "sharded_value"]
 
 _ShardedVariable = _sharded_variable.ShardedVariable
 _INSTALL_LOCK = threading.Lock()
@@ -206,6 +207,36 @@ def mark_split(variable: Any) -> None:
 
 #: Keras 3's TF backend module holding `take`.
 _KERAS3_TF_NUMPY = "keras.src.backend.tensorflow.numpy"
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """`install()` for the block only: on exit, what it replaced is back (if it installed).
+
+    For tests, which must not leave the process patched for the files that
+    follow them in one test process.
+    """
+    with _INSTALL_LOCK:
+        already = _installed
+        gradient = tf.GradientTape.gradient
+        take = getattr(sys.modules.get(_KERAS3_TF_NUMPY), "take", None)
+    install()
+    try:
+        yield
+    finally:
+        if not already:
+            _uninstall(gradient, take)
+
+
+def _uninstall(gradient: Any, take: Any) -> None:
+    """Puts back TF's `gradient` and Keras 3's `take` as `installed` found them."""
+    global _installed
+    with _INSTALL_LOCK:
+        tf.GradientTape.gradient = gradient
+        keras_tf_numpy: Any = sys.modules.get(_KERAS3_TF_NUMPY)
+        if keras_tf_numpy is not None and take is not None:
+            keras_tf_numpy.take = take
+        _installed = False
 
 
 def install() -> None:

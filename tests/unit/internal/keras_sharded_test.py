@@ -11,7 +11,6 @@ tests/integration/parameter_server_sharded_test.py.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -20,8 +19,8 @@ from tensorflow.python.distribute import sharded_variable
 
 import tfdist
 from tfdist._internal import keras_sharded
+from tests.front_end import KERAS_3
 
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 pytestmark = pytest.mark.skipif(
     not KERAS_3, reason="Keras 3's variables; tf-keras trains ShardedVariables itself"
 )
@@ -70,11 +69,20 @@ def _train_step(model, optimizer):
     return step
 
 
+class InstalledTest(tf.test.TestCase):
+
+    def test_installed_for_a_block_leaves_tf_and_keras_as_they_were(self):
+        gradient = tf.GradientTape.gradient  # Wrapped already if a strategy installed it.
+        with keras_sharded.installed():
+            self.assertTrue(hasattr(tf.GradientTape.gradient, "__wrapped__"))
+        self.assertIs(tf.GradientTape.gradient, gradient)
+
+
 class SplitKerasVariableTest(tf.test.TestCase):
 
     def setUp(self):
         super().setUp()
-        keras_sharded.install()
+        self.enter_context(keras_sharded.installed())
         rng = np.random.default_rng(0)
         self.x = tf.constant(rng.integers(0, VOCABULARY, size=(8, 3)), tf.int32)
         self.y = tf.constant(rng.normal(size=(8, 1)), tf.float32)

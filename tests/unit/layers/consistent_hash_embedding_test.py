@@ -17,9 +17,9 @@ import tensorflow as tf
 import tfdist
 from tfdist import errors
 from tfdist.layers import ConsistentHashEmbedding
+from tests.front_end import KERAS_3
 
 keras = tf.keras
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 ROWS, DIM = 50, 4
 
 

@@ -24,11 +24,9 @@ class HashRingTest(absltest.TestCase):
         after, _ = hash_ring.HashRing(3).assign(ROWS)
         moved = before != after
         self.assertTrue(np.all(after[moved] == 2))  # Every moved row went to the new shard.
+        # The new shard's share, and no more (TF's row-range partitioners
+        # move about half of the rows from 2 shards to 3).
         self.assertAlmostEqual(moved.mean(), 1 / 3, delta=0.05)
-        # Row ranges (TF's partitioners) move about half of the rows instead.
-        ranges_before = np.arange(ROWS) * 2 // ROWS
-        ranges_after = np.arange(ROWS) * 3 // ROWS
-        self.assertAlmostEqual((ranges_before != ranges_after).mean(), 1 / 2, delta=0.01)
 
     def test_assignment_is_deterministic_and_rows_keep_their_order_in_a_shard(self):
         owners, local = hash_ring.HashRing(3).assign(1000)

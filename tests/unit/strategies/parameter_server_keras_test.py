@@ -8,7 +8,6 @@ Keras 3 variable does. They run on one device (no cluster).
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -17,11 +16,11 @@ from absl.testing import parameterized
 
 import tfdist
 from tfdist._internal import keras_ps
+from tests.front_end import KERAS_3
 
 pytestmark = pytest.mark.model
 
 keras = tf.keras
-KERAS_3 = os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() not in ("1", "true")
 
 
 class RecordingStrategy(tf.distribute.OneDeviceStrategy):
