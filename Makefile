@@ -86,6 +86,7 @@ bench: $(EXTRAS_BENCH)
 	TF_CPU_ALLOCATOR_USE_BFC=true $(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/fit.py --workload=throughput
 	$(PY) benchmarks/fit.py --workload=latency
+	$(PY) benchmarks/fit.py --workload=epochs
 	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/multiworker.py --workload=comm_bound
 	$(PY) benchmarks/multiworker.py --workload=compute_bound
@@ -93,7 +94,11 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/cross_worker_latency.py
 	$(PY) benchmarks/ps.py
 	$(PY) benchmarks/ps_rpcs.py --only="tfdist async, Keras 3" --only="TF ParameterServerStrategy, tf-keras"
+	$(PY) benchmarks/ps_modes.py
 	$(PY) benchmarks/embedding.py
+	$(PY) benchmarks/placement.py
+	$(PY) benchmarks/placement.py --workload=balance --global_batch_size=1024
+	$(PY) benchmarks/placement.py --workload=rematerialize
 
 # The pages of docs/ and the API reference from the docstrings, offline:
 # nitpicky (-n), every warning an error (-W, after reporting them all). The

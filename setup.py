@@ -1,7 +1,8 @@
 """Packaging for tfdist.
 
 Tested range: TensorFlow 2.21 with Keras 3.15 and tf-keras 2.21 (the range
-below is what tfdist/_internal/tf_private.py is written against).
+below is what the private TensorFlow and Keras names used under
+tfdist/_internal/ are written against; ARCHITECTURE.md lists them).
 """
 
 import setuptools

@@ -54,8 +54,9 @@ STEPS_PER_EPOCH = NUM_EXAMPLES // BATCH_SIZE
 STALL_ID = 0
 #: Longest stall, seconds: the chief kills the workers long before.
 STALL_S = 60.0
-#: Seconds from the stall to the kill: the ps tasks finish applying the
-#: updates the stalled step had sent, and a sync step's other slice ends.
+#: Seconds from the stalled step's counted ids to the kill: the ps tasks
+#: finish applying its other updates, and a sync step's other slice ends.
+#: (That its ids were counted, the case the test is about, is waited for.)
 SETTLE_S = 1.0
 
 
@@ -126,6 +127,7 @@ def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dic
             import threading
 
             self.killed = threading.Event()
+            self.counted_before_kill = 0
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
 
@@ -133,11 +135,19 @@ def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dic
             deadline = time.monotonic() + fault_lib.JOB_LIMIT_S
             while not os.path.exists(marker) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            # The stalled step's forward update (its ids counted) is on the
+            # ps before the kill: the re-run must not count them again.
+            while self._stalled_count() < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.counted_before_kill = self._stalled_count()
             time.sleep(SETTLE_S)
             for index in range(2):
                 with open(os.path.join(out_dir, f"worker-{index}.pid")) as f:
                     os.kill(int(f.read().split()[0]), signal.SIGKILL)
             self.killed.set()
+
+        def _stalled_count(self):
+            return int(counter.counts[STALL_ID].numpy())
 
     with strategy.scope():
         counter = ps_counting.count_ids(keras, NUM_EXAMPLES)
@@ -160,6 +170,7 @@ def worker_killed_job(out_dir: str, mode: str, input_service: str | None) -> dic
     history = model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=[CountsPerEpoch()])
     return {
         "killed": killer.killed.is_set(),
+        "counted_before_kill": killer.counted_before_kill,
         "iterations": int(model.optimizer.iterations.numpy()),
         "counts": counter.counts.numpy().tolist(),
         "counts_per_epoch": [
@@ -180,6 +191,7 @@ class WorkerKilledTest(tf.test.TestCase, parameterized.TestCase):
             args=(self.create_tempdir().full_path, mode, None),
         )
         self.assertTrue(result["killed"])
+        self.assertGreaterEqual(result["counted_before_kill"], 1)
         self.assertGreaterEqual(result["steps_rerun"], 1)  # At least the stalled step.
         self.assertEqual(result["iterations"], EPOCHS * STEPS_PER_EPOCH)
         miscounted = {i: c for i, c in enumerate(result["counts"]) if c != EPOCHS}
@@ -198,6 +210,7 @@ class WorkerKilledInputServiceTest(tf.test.TestCase):
             args=(self.create_tempdir().full_path, "async", "chief"),
         )
         self.assertTrue(result["killed"])
+        self.assertGreaterEqual(result["counted_before_kill"], 1)
         self.assertGreaterEqual(result["steps_rerun"], 1)
         for epoch, counts in enumerate(result["counts_per_epoch"]):
             twice = {i: c for i, c in enumerate(counts) if c > 1}
