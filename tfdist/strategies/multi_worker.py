@@ -28,6 +28,8 @@ appears.
 
 from __future__ import annotations
 
+import weakref
+
 from typing import Any
 
 import tensorflow as tf
@@ -203,6 +205,8 @@ class MultiWorkerMirroredStrategy(
                 extended=self.extended,
             )
             self._watchdog.start()
+            # Not beyond this strategy: its probes and its hook on TF's errors.
+            weakref.finalize(self, self._watchdog.stop)
             if not self.extended.should_checkpoint:
                 # Only the chief writes checkpoints (see keras_compat).
                 keras_compat.redirect_non_chief_checkpoints(config.task.name)

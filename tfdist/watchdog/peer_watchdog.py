@@ -128,8 +128,16 @@ class PeerWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops probing (no report after this returns)."""
+        """Stops probing (no report after this returns); removes its hook on TF's function errors.
+
+        Idempotent. The strategy that started it calls it when it is
+        garbage-collected, so TF's error class is as it was once no
+        multi-worker strategy is left.
+        """
         self._stop.set()
+        if self._remove_hook is not None:
+            self._remove_hook()
+            self._remove_hook = None
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + self.probe_timeout_s * 2)
 
