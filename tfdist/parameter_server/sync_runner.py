@@ -44,6 +44,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tfdist._internal import attributes
 from tfdist._internal import keras_ps
 from tfdist.parameter_server import async_runner
 from tfdist.parameter_server import row_buffers
@@ -132,12 +133,8 @@ class _SyncTrainFunction:
 
         def slice_step(batch: Any) -> Any:
             self._slice_size = tf.shape(_first_leaf(batch))[0]
-            vars(optimizer).update(replacements)
-            try:
+            with attributes.instance_attributes(optimizer, replacements):
                 return step_fn(batch)
-            finally:
-                for name in replacements:
-                    del vars(optimizer)[name]
 
         def slice_function(slice_index: int) -> Any:
             def gradients(batches: tuple[Any, ...]) -> Any:

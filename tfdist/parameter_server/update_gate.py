@@ -233,7 +233,7 @@ class UpdateGate:
         ledger = make_ledger(step_ledger.SIZE)
         with self._lock:
             self._ledgers[id(variable)] = ledger
-            variable.__class__ = self._classes[cls]
+            attributes.swap_class(variable, self._classes[cls])
         weakref.finalize(variable, self._forget, id(variable))
         return variable
 

@@ -538,6 +538,45 @@ class LayeringTest(absltest.TestCase):
                                 )
 
 
+def _foreign_dict(expr: ast.expr) -> bool:
+    """`vars(x)` or `x.__dict__` for an `x` other than self/cls."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "vars":
+        owner = expr.args[0] if expr.args else None
+    elif isinstance(expr, ast.Attribute) and expr.attr == "__dict__":
+        owner = expr.value
+    else:
+        return False
+    return not (isinstance(owner, ast.Name) and owner.id in ("self", "cls"))
+
+
+def _written(node: ast.AST) -> list[ast.expr]:
+    """What `node` writes that swaps a class or changes another object's instance dict."""
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        return [
+            t for t in targets
+            if (isinstance(t, ast.Attribute) and t.attr in ("__class__", "__dict__"))
+            or (isinstance(t, ast.Subscript) and _foreign_dict(t.value))
+        ]
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("update", "pop", "popitem", "setdefault", "clear", "__setitem__")
+        and _foreign_dict(node.func.value)
+    ):
+        return [node.func]
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "setattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in ("__class__", "__dict__")
+    ):
+        return [node.func]
+    return []
+
+
 class PrivateUpstreamAttributeTest(absltest.TestCase):
     """Outside tfdist/_internal/, no module touches TF's or Keras's private names.
 
@@ -583,6 +622,18 @@ class PrivateUpstreamAttributeTest(absltest.TestCase):
                     continue
                 with self.subTest(path=path, line=node.lineno):
                     self.fail(f"{path}:{node.lineno}: {ast.unparse(node)} reaches a private attribute")
+
+    def test_no_class_swaps_or_writes_into_another_objects_dict(self):
+        # Those go through tfdist/_internal/attributes.py (swap_class,
+        # instance_attributes), where the boundary can see them.
+        for path, tree in self.trees.items():
+            for node in ast.walk(tree):
+                for target in _written(node):
+                    with self.subTest(path=path, line=node.lineno):
+                        self.fail(
+                            f"{path}:{node.lineno}: {ast.unparse(target)} changes another "
+                            "object's class or instance dict; use tfdist/_internal/attributes"
+                        )
 
     def test_private_attributes_of_self_are_tfdist_own(self):
         for path, tree in self.trees.items():
