@@ -30,11 +30,14 @@ parameter_server_keras_test.py, which fails if Keras changes it):
 - Keras 3: `keras.src.backend.tensorflow.trainer.TensorFlowTrainer`
   (`fit`, `evaluate`, `predict`, `train_step`, `test_step`,
   `predict_step`), `KerasVariable._value`, `keras.src.backend.common.
-  stateless_scope.in_stateless_scope`;
+  stateless_scope.in_stateless_scope`, the TF backend's
+  `core.Variable._initialize` (the frame a variable creation is found
+  from), an `EpochIterator`'s `data_adapter.num_batches`;
 - tf-keras: `tf_keras.src.engine.training.Model` (`fit`, `evaluate`,
   `predict`, `train_on_batch`, `test_on_batch`, `predict_on_batch`),
   `Model._steps_per_execution`, `Model._train_counter`,
-  `Model._test_counter`, `Model._predict_counter`.
+  `Model._test_counter`, `Model._predict_counter`, a `DataHandler`'s
+  `_adapter.get_size()`.
 """
 
 from __future__ import annotations
