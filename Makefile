@@ -61,8 +61,8 @@ test-keras3: $(EXTRAS_TEST)
 # unit and example tiers that start no cluster of processes, and the whole
 # conformance tier (its multi-worker ports included) but its extended ports.
 # test-tfkeras-rest runs the other multi-process model tests under tf-keras;
-# test-extended the extended ports (the keras-io examples beyond the
-# transformer), under both front ends; test-all runs everything. CI runs
+# test-extended the extended ports (the keras-io examples), under both
+# front ends; test-all runs everything. CI runs
 # `test` (CONTRIBUTING.md, "CI").
 # One pytest run (its workers' start-up paid once, and the conformance
 # tier's clusters share the workers with the rest).

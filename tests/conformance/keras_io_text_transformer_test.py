@@ -33,7 +33,7 @@ import tensorflow as tf
 from tests.conformance import harness
 from tests.conformance import user_patterns
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.extended]
 keras = tf.keras
 
 VOCAB, MAXLEN, EMBED, HEADS, FF = 200, 16, 8, 2, 8
