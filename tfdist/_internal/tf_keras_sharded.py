@@ -159,16 +159,17 @@ def _wrap_set_weights(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _own_variables(layer: Any) -> list[Any]:
-    # tf-keras's own order in these two methods.
-    return whole(layer._trainable_weights + layer._non_trainable_weights)
+    """The variables tf-keras's `save_own_variables`/`load_own_variables` list, in their order."""
+    return layer._trainable_weights + layer._non_trainable_weights
 
 
 def _wrap_save_own_variables(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def save_own_variables(self: Any, store: Any) -> Any:
-        if not _has_shards(self._trainable_weights + self._non_trainable_weights):
+        variables = _own_variables(self)
+        if not _has_shards(variables):
             return original(self, store)
-        for index, variable in enumerate(_own_variables(self)):
+        for index, variable in enumerate(whole(variables)):
             store[f"{index}"] = variable.numpy()
         return None
 
@@ -178,10 +179,10 @@ def _wrap_save_own_variables(original: Callable[..., Any]) -> Callable[..., Any]
 def _wrap_load_own_variables(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load_own_variables(self: Any, store: Any) -> Any:
-        if not _has_shards(self._trainable_weights + self._non_trainable_weights):
+        if not _has_shards(_own_variables(self)):
             return original(self, store)
         self._update_trackables()
-        variables = _own_variables(self)
+        variables = whole(_own_variables(self))
         if len(store.keys()) != len(variables):
             raise errors.ConfigError(
                 f"Layer {self.name!r} has {len(variables)} variables (each split one "
