@@ -11,6 +11,7 @@ from absl.testing import parameterized
 import pytest
 
 import tfdist
+from tests import forked_script
 from tfdist import launch  # noqa: F401 - run as `python -m tfdist.launch`; Bazel ships it
 
 pytestmark = pytest.mark.multiprocess
@@ -21,19 +22,21 @@ _TIMEOUT_S = 240
 
 
 def _run(args, *, launcher_args=None, extra_env=None):
+    """`python -u digits.py --epochs=1 --steps=2 ARGS` (under the launcher if `launcher_args`)."""
     command = [sys.executable, "-u", _SCRIPT, "--epochs=1", "--steps=2", *args]
-    if launcher_args is not None:
-        # Each task forked from one process that imported TensorFlow.
-        command = [sys.executable, "-m", "tfdist.launch", "--preload", "tensorflow",
-                   *launcher_args, "--", *command]
     # This checkout's tfdist, not whichever one is installed (a worktree's
     # venv may hold another checkout's editable install).
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
+        filter(None, [_ROOT, os.environ.get("PYTHONPATH")])), **(extra_env or {}))
+    if launcher_args is None:
+        # Forked from a process that imported TensorFlow, then run as
+        # `python digits.py` would be (tests/forked_script.py).
+        return forked_script.run(command, env, cwd=_ROOT, timeout_s=_TIMEOUT_S)
+    # Each task forked from one process that imported TensorFlow.
+    command = [sys.executable, "-m", "tfdist.launch", "--preload", "tensorflow",
+               *launcher_args, "--", *command]
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT,
-        env={**env, **(extra_env or {})},
-    )
+        command, capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT, env=env)
 
 
 class DigitsExampleTest(parameterized.TestCase):

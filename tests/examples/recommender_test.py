@@ -10,6 +10,7 @@ from absl.testing import absltest
 import pytest
 
 import tfdist
+from tests import forked_script
 from tests.examples.digits_test import _ROOT
 from tests.examples.digits_test import _TIMEOUT_S
 
@@ -19,12 +20,11 @@ _SCRIPT = os.path.join(_ROOT, "examples", "recommender.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
+    """`python -u recommender.py --epochs=1 ARGS`, forked as tests/forked_script.py says."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
-    return subprocess.run(
-        [sys.executable, "-u", _SCRIPT, "--epochs=1", *args],
-        capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=_ROOT, env=env,
-    )
+    return forked_script.run(
+        [sys.executable, "-u", _SCRIPT, "--epochs=1", *args], env, cwd=_ROOT, timeout_s=_TIMEOUT_S)
 
 
 class RecommenderExampleTest(absltest.TestCase):

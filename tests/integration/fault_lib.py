@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 
 import numpy as np
 
+from tests import forked_script
 from tests.integration import fault_script
-from tfdist.launch import preload
 
 # Imported (not only run) so that Bazel ships it with this test.
 SCRIPT = os.path.abspath(fault_script.__file__)
@@ -60,9 +58,9 @@ def launch(
     )
 
 
-class Task:
+class Task(forked_script.ForkedScript):
     """One task of the worker program, without a launcher: forked from a
-    template process that has imported TensorFlow (`tfdist.launch.preload`).
+    template process that has imported TensorFlow (`tests/forked_script.py`).
 
     Its stdout is discarded and its stderr kept (`stderr`, complete once it
     has exited).
@@ -71,47 +69,14 @@ class Task:
     def __init__(
         self, mode: str, out_dir: str, tf_config: str | None = None, *, tf_keras: bool = False
     ) -> None:
-        task_env = env(tf_config, tf_keras=tf_keras)
-        self._process = preload.server_for(("tensorflow",), task_env).start(
-            [sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)], task_env, cwd=os.getcwd()
+        super().__init__(
+            [sys.executable, SCRIPT, mode, out_dir, str(TIMEOUT_S)],
+            env(tf_config, tf_keras=tf_keras), cwd=os.getcwd(), keep_stdout=False,
         )
-        self._stderr: list[bytes] = []
-        self._readers = [
-            threading.Thread(target=self._drain, args=(self._process.stdout, False), daemon=True),
-            threading.Thread(target=self._drain, args=(self._process.stderr, True), daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
 
-    def _drain(self, pipe, keep: bool) -> None:
-        with pipe:
-            for chunk in iter(lambda: pipe.read1(65536), b""):
-                if keep:
-                    self._stderr.append(chunk)
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.returncode
-
-    @property
-    def stderr(self) -> str:
-        return b"".join(self._stderr).decode(errors="replace")
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Its exit status; raises `subprocess.TimeoutExpired` after `timeout` s."""
-        code = self._process.wait(timeout)
-        for reader in self._readers:
-            reader.join(timeout=10)
-        return code
-
-    def kill(self) -> None:
+    def kill(self, timeout: float = JOB_LIMIT_S) -> None:
         """SIGKILLs it and what it started, if still running; waits for its exit."""
-        if self._process.returncode is None:
-            try:
-                os.killpg(self._process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.wait(timeout=JOB_LIMIT_S)
+        super().kill(timeout)
 
 
 def weights(path: str) -> list[np.ndarray]:

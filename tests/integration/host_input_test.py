@@ -11,13 +11,14 @@ process: the setting is process-wide and logged once.
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 import textwrap
 
 import tensorflow as tf
 
 import tfdist
+from tests import forked_script
 
 _FIT = textwrap.dedent(
     """
@@ -43,10 +44,11 @@ _PATCH_LOG = "Memory patch applied"
 
 class HostInputTest(tf.test.TestCase):
     def _fit_log(self, contender: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-c", _FIT, contender],
-            capture_output=True, text=True, timeout=180,
-        )
+        # A fresh process each (forked from one that imported TensorFlow,
+        # before anything ran: tests/forked_script.py).
+        script = self.create_tempfile("fit.py", content=_FIT).full_path
+        result = forked_script.run(
+            [sys.executable, script, contender], os.environ, cwd=os.getcwd(), timeout_s=180)
         self.assertIn("FIT DONE", result.stdout, result.stderr[-2000:])
         return result.stderr
 
