@@ -13,7 +13,8 @@ same files (two h5 writers on one path fail with "unable to lock file";
 on separate disks each worker keeps its own copy) and every worker deletes
 the backup at the end. tf-keras solves this with per-worker temporary
 directories (`distributed_file_utils`); `redirect_non_chief_checkpoints`
-does the same for Keras 3 on a non-chief task:
+does the same for Keras 3 on a non-chief task, for the callbacks of models
+built under that task's strategy, while the strategy lives:
 
 - `_save_model` writes into a fresh temporary directory, which is deleted
   right after (the weights are identical on every worker; the chief's
@@ -28,6 +29,7 @@ private and may move.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -37,12 +39,14 @@ import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from tfdist._internal import attributes
+from tfdist._internal import tf_keras_sharded
 
 __all__ = [
     "GradientIntercept",
@@ -57,17 +61,33 @@ __all__ = [
     "step_replaced",
 ]
 
-_PATCHED = "_tfdist_non_chief_task"
+#: The non-chief strategies alive, each with its task's name ("worker:1").
+_NON_CHIEF: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _non_chief_task(callback: Any) -> str | None:
+    """The task name when `callback`'s model trains under a registered non-chief strategy."""
+    model = getattr(callback, "model", None)
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None:
+        return None
+    try:
+        return _NON_CHIEF.get(strategy)
+    except TypeError:  # Not weak-referenceable: not one of ours.
+        return None
 
 
 def _into_temporary_dir(
-    attributes: tuple[str, ...], task_name: str
+    attributes: tuple[str, ...],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Runs a save method with `attributes` (paths) moved to a temp dir."""
+    """Runs a save method with `attributes` (paths) moved to a temp dir, on a non-chief's model."""
 
     def decorate(save: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(save)
         def save_elsewhere(self: Any, *args: Any, **kwargs: Any) -> Any:
+            task_name = _non_chief_task(self)
+            if task_name is None:
+                return save(self, *args, **kwargs)
             originals = {name: getattr(self, name) for name in attributes}
             scratch = tempfile.mkdtemp(prefix=f"tfdist-{task_name.replace(':', '-')}-")
             try:
@@ -87,34 +107,58 @@ def _into_temporary_dir(
     return decorate
 
 
-def redirect_non_chief_checkpoints(task_name: str) -> bool:
-    """Makes Keras 3 checkpoint callbacks of this process write nowhere durable.
+def _chief_keeps_backup(on_train_end: Callable[..., Any]) -> Callable[..., Any]:
+    """`BackupAndRestore.on_train_end`, which on a non-chief's model leaves the backup alone."""
 
-    Call once, on a non-chief task of a multi-worker job, before `fit`.
-    Idempotent. Returns False (and changes nothing) when Keras 3 is not
-    installed; tf-keras handles multi-worker checkpoints itself.
-    """
+    @functools.wraps(on_train_end)
+    def wrapped(self: Any, logs: Any = None) -> Any:
+        if _non_chief_task(self) is not None:
+            return None
+        return on_train_end(self, logs)
+
+    return wrapped
+
+
+def _checkpoint_targets() -> list[attributes.Target]:
+    """Keras 3's checkpoint callbacks' methods; none without Keras 3, or under tf-keras."""
+    if "keras.src.callbacks" not in sys.modules and tf_keras_sharded.legacy_keras():
+        return []  # tf-keras handles multi-worker checkpoints itself.
     try:
         from keras.src.callbacks import backup_and_restore
         from keras.src.callbacks import model_checkpoint
     except ImportError:
-        return False
+        return []
     backup = backup_and_restore.BackupAndRestore
     checkpoint = model_checkpoint.ModelCheckpoint
-    if getattr(backup, _PATCHED, None) is not None:
-        return True
-    backup._save_model = _into_temporary_dir(
-        ("_weights_path", "_training_metadata_path", "_prev_weights_path",
-         "_prev_training_metadata_path"),
-        task_name,
-    )(backup._save_model)
-    backup.on_train_end = lambda self, logs=None: None
-    checkpoint._save_model = _into_temporary_dir(("filepath",), task_name)(
-        checkpoint._save_model
+    backup_paths = (
+        "_weights_path", "_training_metadata_path", "_prev_weights_path",
+        "_prev_training_metadata_path",
     )
-    setattr(backup, _PATCHED, task_name)
-    setattr(checkpoint, _PATCHED, task_name)
-    return True
+    return [
+        (backup, "_save_model", _into_temporary_dir(backup_paths)),
+        (backup, "on_train_end", _chief_keeps_backup),
+        (checkpoint, "_save_model", _into_temporary_dir(("filepath",))),
+    ]
+
+
+#: Keras 3's checkpoint callbacks' methods, wrapped while a non-chief strategy lives.
+_CHECKPOINT_PATCH = attributes.SharedPatch(_checkpoint_targets)
+
+
+def redirect_non_chief_checkpoints(strategy: Any, task_name: str) -> Callable[[], None]:
+    """Makes Keras 3 checkpoint callbacks of `strategy`'s models write nowhere durable.
+
+    Call on a non-chief task of a multi-worker job, when the strategy is
+    made; call the function returned when the strategy is gone (a
+    `weakref.finalize`, which must not hold the strategy). Only callbacks
+    whose model was built under `strategy` are redirected, at `fit` time
+    (`model._distribute_strategy`); every other callback, and Keras's
+    classes once every such strategy is released, are as without tfdist.
+    Nothing is changed under tf-keras, which handles this itself.
+    """
+    _NON_CHIEF[strategy] = task_name
+    _CHECKPOINT_PATCH.acquire()
+    return _CHECKPOINT_PATCH.release
 
 
 # --------------------------------------------------------------------------
@@ -283,6 +327,31 @@ def replaced_attribute(obj: Any, name: str, value: Any) -> Iterator[None]:
 _TF_KERAS_LOSS_SCALE_MODULE = "tf_keras.src.mixed_precision.loss_scale_optimizer"
 
 
+#: tfdist strategy classes whose scope is open somewhere: tf-keras's check accepts them.
+_LOSS_SCALING_CLASSES: collections.Counter[type] = collections.Counter()
+_LOSS_SCALING_LOCK = threading.Lock()
+
+
+def _accepting_tfdist_classes(original: Callable[[], bool]) -> Callable[[], bool]:
+    @functools.wraps(original)
+    def supports() -> bool:
+        strategy = tf.distribute.get_strategy()
+        return bool(original()) or any(isinstance(strategy, cls) for cls in list(_LOSS_SCALING_CLASSES))
+
+    return supports
+
+
+def _loss_scaling_targets() -> list[attributes.Target]:
+    module = sys.modules.get(_TF_KERAS_LOSS_SCALE_MODULE)
+    if getattr(module, "strategy_supports_loss_scaling", None) is None:
+        return []  # tf-keras not imported: nothing to allow.
+    return [(module, "strategy_supports_loss_scaling", _accepting_tfdist_classes)]
+
+
+#: tf-keras's check, widened while any `loss_scaling_allowed` block is open.
+_LOSS_SCALING_PATCH = attributes.SharedPatch(_loss_scaling_targets)
+
+
 @contextlib.contextmanager
 def loss_scaling_allowed(strategy_class: type) -> Iterator[None]:
     """Inside, tf-keras's `LossScaleOptimizer` accepts `strategy_class`.
@@ -293,20 +362,20 @@ def loss_scaling_allowed(strategy_class: type) -> Iterator[None]:
     once per compute replica, which is right only with one copy of each
     variable per replica. A strategy with one replica and one copy of each
     variable (LayerPlacementStrategy) meets that; inside this block the
-    check also accepts it, and it is restored on exit. Keras 3's optimizer
-    has no such check. Nothing happens where tf-keras is not imported.
+    check also accepts it, and once every such block (of any thread) is
+    left, tf-keras's check is back. Keras 3's optimizer has no such check.
+    Nothing happens where tf-keras is not imported.
     """
-    module = sys.modules.get(_TF_KERAS_LOSS_SCALE_MODULE)
-    original = getattr(module, "strategy_supports_loss_scaling", None)
-    if original is None:
-        yield
-        return
-
-    def supports() -> bool:
-        return bool(original()) or isinstance(tf.distribute.get_strategy(), strategy_class)
-
-    with attributes.swapped(module, "strategy_supports_loss_scaling", supports):
-        yield
+    with _LOSS_SCALING_PATCH.active():
+        with _LOSS_SCALING_LOCK:
+            _LOSS_SCALING_CLASSES[strategy_class] += 1
+        try:
+            yield
+        finally:
+            with _LOSS_SCALING_LOCK:
+                _LOSS_SCALING_CLASSES[strategy_class] -= 1
+                if not _LOSS_SCALING_CLASSES[strategy_class]:
+                    del _LOSS_SCALING_CLASSES[strategy_class]
 
 
 # --------------------------------------------------------------------------

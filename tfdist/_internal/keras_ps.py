@@ -55,6 +55,7 @@ __all__ = [
     "KerasCall",
     "calling_model",
     "data_batches",
+    "frames_up",
     "increment_step_counter",
     "install_functions",
     "is_keras3_model",
@@ -129,7 +130,7 @@ def calling_model() -> KerasCall | None:
     codes = _method_codes()
     if not codes:
         return None
-    for frame in _frames_up(2):
+    for frame in frames_up(2):
         found = codes.get(frame.f_code)
         if found is not None:
             model = frame.f_locals.get("self")
@@ -139,10 +140,10 @@ def calling_model() -> KerasCall | None:
     return None
 
 
-def _frames_up(skip: int) -> Iterator[FrameType]:
-    """The caller's frames from its `sys._getframe(skip)` up, at most `_MAX_FRAMES` (a bounded walk)."""
+def frames_up(skip: int, limit: int = _MAX_FRAMES) -> Iterator[FrameType]:
+    """The caller's frames from its `sys._getframe(skip)` up, at most `limit` (a bounded walk)."""
     frame: FrameType | None = sys._getframe(skip + 1)
-    for _ in range(_MAX_FRAMES):
+    for _ in range(limit):
         if frame is None:
             return
         yield frame
@@ -159,7 +160,7 @@ def data_batches() -> int | None:
     `EpochIterator` (its `data_adapter.num_batches`) or a tf-keras
     `DataHandler` (its `_adapter.get_size()`).
     """
-    for frame in _frames_up(2):
+    for frame in frames_up(2):
         owner: Any = frame.f_locals.get("self")
         size: Any
         if hasattr(owner, "data_adapter"):  # Keras 3.
@@ -303,7 +304,7 @@ def creating_keras3_variable() -> Any:
     code = getattr(initialize, "__code__", None)
     if code is None:
         return None
-    for frame in _frames_up(1):
+    for frame in frames_up(1):
         if frame.f_code is code:
             return frame.f_locals.get("self")
     return None
@@ -333,7 +334,7 @@ def steps_per_execution(model: Any) -> int:
     variable = getattr(model, "_steps_per_execution", None)
     if variable is None:
         return 1
-    for frame in _frames_up(1):
+    for frame in frames_up(1):
         handler: Any = frame.f_locals.get("data_handler")
         if (
             type(handler).__name__ == "DataHandler"

@@ -3,9 +3,9 @@
 Under a `variable_partitioner`, the `tf.Variable` that a Keras 3 variable
 wraps (`KerasVariable._value`) is created by TF's strategy as a
 `ShardedVariable`: one variable per ps task, holding a range of rows.
-Keras 3 knows nothing of that type; `install()` (once per process, by
-`tfdist.ParameterServerStrategy` when it has a partitioner) mends the two
-places where it fails or wastes:
+Keras 3 knows nothing of that type; `active()` (entered by
+`tfdist.ParameterServerStrategy` with a partitioner, for its scope and each
+`strategy.run`) mends the two places where it fails or wastes:
 
 - Gradients. Keras's train step (and a custom loop) asks
   `tf.GradientTape.gradient` for the gradient of each Keras variable; TF
@@ -44,8 +44,8 @@ variable (TF colocates an update with its variable, which a
 are `ps_runtime.ParameterServerExtended`'s.
 
 Private Keras API used (tested range: see setup.py):
-`keras.src.backend.tensorflow.numpy.take` (replaced by a wrapper; Keras's
-`ops.take` looks it up at each call) and `KerasVariable._value`. Private
+`keras.src.backend.tensorflow.numpy.take` (replaced by a wrapper while
+active; Keras's `ops.take` looks it up at each call) and `KerasVariable._value`. Private
 TF API: `ShardedVariable` (and its `_gather_saveables_for_checkpoint`),
 and TF choosing a trackable's legacy saveables over `_serialize_to_tensors`
 when the nearer class in its MRO defines them.
@@ -57,7 +57,6 @@ import contextlib
 import functools
 import importlib
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -65,15 +64,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable as _sharded_variable
 
+from tfdist._internal import attributes
 from tfdist._internal import tf_keras_sharded
 
-__all__ = ["install", "installed", "join_gradients", "mark_split", "sharded_value"]
+__all__ = ["active", "installed", "join_gradients", "mark_split", "sharded_value"]
 
 _ShardedVariable = _sharded_variable.ShardedVariable
-_INSTALL_LOCK = threading.Lock()
-_installed = False
-
-
 def sharded_value(variable: Any) -> Any:
     """The `ShardedVariable` a Keras 3 variable wraps, or None (not Keras 3, or whole)."""
     value = getattr(variable, "_value", None)
@@ -136,7 +132,6 @@ def _gradient_with_shards(original: Any) -> Any:
         ]
         return tf.nest.pack_sequence_as(sources, joined)
 
-    gradient.__tfdist_shards__ = True  # type: ignore[attr-defined]
     return gradient
 
 
@@ -209,38 +204,8 @@ def mark_split(variable: Any) -> None:
 _KERAS3_TF_NUMPY = "keras.src.backend.tensorflow.numpy"
 
 
-@contextlib.contextmanager
-def installed() -> Iterator[None]:
-    """`install()` for the block only: on exit, what it replaced is back (if it installed).
-
-    For tests, which must not leave the process patched for the files that
-    follow them in one test process.
-    """
-    with _INSTALL_LOCK:
-        already = _installed
-        gradient = tf.GradientTape.gradient
-        take = getattr(sys.modules.get(_KERAS3_TF_NUMPY), "take", None)
-    install()
-    try:
-        yield
-    finally:
-        if not already:
-            _uninstall(gradient, take)
-
-
-def _uninstall(gradient: Any, take: Any) -> None:
-    """Puts back TF's `gradient` and Keras 3's `take` as `installed` found them."""
-    global _installed
-    with _INSTALL_LOCK:
-        tf.GradientTape.gradient = gradient
-        keras_tf_numpy: Any = sys.modules.get(_KERAS3_TF_NUMPY)
-        if keras_tf_numpy is not None and take is not None:
-            keras_tf_numpy.take = take
-        _installed = False
-
-
-def install() -> None:
-    """Makes Keras 3 train and look up split variables (idempotent; see module).
+def _targets() -> list[attributes.Target]:
+    """`tf.GradientTape.gradient`, and Keras 3's `take` where Keras 3 is in use.
 
     Keras 3's module is imported only when `tf.keras` is Keras 3 (or it is
     imported already): importing Keras 3 into a tf-keras process changes
@@ -248,18 +213,38 @@ def install() -> None:
     differently, deterministically, once it was imported). Safe without
     Keras 3 installed.
     """
-    global _installed
-    with _INSTALL_LOCK:
-        if _installed:
-            return
-        keras_tf_numpy: Any = sys.modules.get(_KERAS3_TF_NUMPY)
-        if keras_tf_numpy is None and not tf_keras_sharded.legacy_keras():
-            try:
-                keras_tf_numpy = importlib.import_module(_KERAS3_TF_NUMPY)
-            except ImportError:  # No Keras 3: tf-keras trains split variables itself.
-                keras_tf_numpy = None
-        if keras_tf_numpy is not None:
-            keras_tf_numpy.take = _take_with_shards(keras_tf_numpy.take)
+    targets: list[attributes.Target] = [(tf.GradientTape, "gradient", _gradient_with_shards)]
+    keras_tf_numpy: Any = sys.modules.get(_KERAS3_TF_NUMPY)
+    if keras_tf_numpy is None and not tf_keras_sharded.legacy_keras():
+        try:
+            keras_tf_numpy = importlib.import_module(_KERAS3_TF_NUMPY)
+        except ImportError:  # No Keras 3: tf-keras trains split variables itself.
+            keras_tf_numpy = None
+    if keras_tf_numpy is not None:
+        targets.append((keras_tf_numpy, "take", _take_with_shards))
+    return targets
 
-        tf.GradientTape.gradient = _gradient_with_shards(tf.GradientTape.gradient)
-        _installed = True
+
+#: The two wrappers, installed while any `active()` block is open.
+_PATCH = attributes.SharedPatch(_targets)
+
+
+def active() -> contextlib.AbstractContextManager[None]:
+    """Keras 3 trains and looks up split variables inside the block (see module).
+
+    Re-entrant and thread-safe: the first block entered installs the
+    wrappers of `tf.GradientTape.gradient` and Keras 3's `take`, the last
+    one left puts TF's and Keras's functions back, so outside every block
+    TF and Keras are as tfdist found them. `tfdist.ParameterServerStrategy`
+    with a partitioner opens one for its scope and around each
+    `strategy.run` (where Keras's steps and a custom loop's replica
+    function take gradients and look rows up). While one is open, other
+    threads' calls go through the wrappers too, unchanged unless they name
+    a split variable.
+    """
+    return _PATCH.active()
+
+
+def installed() -> bool:
+    """Whether the wrappers are in place now (some `active()` block is open)."""
+    return _PATCH.installed

@@ -57,6 +57,7 @@ from tfdist._internal import attributes
 from tfdist._internal import keras_layers
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
+from tfdist._internal import tf_keras_sharded
 from tfdist._internal import update_hook
 
 __all__ = [
@@ -103,6 +104,18 @@ class ParameterServerExtended(  # type: ignore[misc]
     ) -> None:
         super().__init__(*args, **kwargs)
         self._adopt = adopt
+        # Whether a partitioner may split variables (`whole_variables`
+        # lifts it for a block; this does not change with it).
+        self.splits_variables = self._variable_partitioner is not None
+        self._tracks_tf_keras = self.splits_variables and tf_keras_sharded.in_use()
+
+    def _call_for_each_replica(self, fn: Any, args: Any, kwargs: Any) -> Any:
+        # Keras 3 takes gradients of, and looks rows up in, split variables
+        # only while `keras_sharded` is active: around each `strategy.run`.
+        if not self.splits_variables:
+            return super()._call_for_each_replica(fn, args, kwargs)
+        with keras_sharded.active():
+            return super()._call_for_each_replica(fn, args, kwargs)
 
     def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
         if self._adopt is not None:
@@ -133,6 +146,16 @@ class ParameterServerExtended(  # type: ignore[misc]
         keras_ps.make_counter_exact(keras3_variable)
         if keras3_variable is not None and isinstance(variable, ShardedVariable):
             keras_sharded.mark_split(keras3_variable)  # Checkpoints as its shards.
+        if self._tracks_tf_keras:
+            # tf-keras lists a split variable shard by shard: the layer it
+            # is for, and every model built here, list it whole instead.
+            owner = (
+                tf_keras_sharded.creating_layer()
+                if isinstance(variable, ShardedVariable)
+                else tf_keras_sharded.creating_model(kwargs)
+            )
+            if owner is not None:
+                tf_keras_sharded.track(owner)
         return variable
 
     def _create_split_like(self, next_creator: Any, like: Any, **kwargs: Any) -> Any:

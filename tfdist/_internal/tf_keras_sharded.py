@@ -5,27 +5,35 @@ layer's weights, one by one (its optimizers train shards). So a split
 `Embedding` table comes out of `get_weights()` as one array per shard,
 `set_weights` wants it so, and a weights file holds shards: what a model on
 one device (or split otherwise) neither gives nor loads. Keras 3 lists the
-variable whole. `install()` (by `tfdist.ParameterServerStrategy` when it
-splits variables, under tf-keras) wraps the places that read a layer's
-weights as values, so that wherever a layer's weights hold every shard of
-one split variable, in order, they stand for it as one:
+variable whole. `track(obj)` wraps, on one layer or model instance, the
+methods that read its weights as values, so that wherever its weights hold
+every shard of one split variable, in order, they stand for it as one:
 
-- `Layer.get_weights` joins the shards' arrays (rows in shard order);
-- `Layer.set_weights` takes one array and assigns each shard its rows (a
-  list of the shards' arrays, as tf-keras took it, is still taken);
-- `Layer.save_own_variables` / `load_own_variables` (tf-keras's `.keras`
-  and `.weights.h5` files) store one entry for it;
-- `hdf5_format._legacy_weights` (tf-keras's legacy `.h5` weights) lists
-  the `ShardedVariable` itself, which reads and assigns as a whole.
+- `get_weights` joins the shards' arrays (rows in shard order);
+- `set_weights` takes one array and assigns each shard its rows (a list of
+  the shards' arrays, as tf-keras took it, is still taken);
+- `save_own_variables` / `load_own_variables` (tf-keras's `.keras` and
+  `.weights.h5` files) store one entry for it;
+- a model's `save_weights` / `load_weights`: while they run,
+  `hdf5_format._legacy_weights` (tf-keras's legacy `.h5` weights) lists the
+  `ShardedVariable` itself, which reads and assigns as a whole.
+
+`tfdist.ParameterServerStrategy`'s variable creator, under tf-keras, tracks
+each layer whose `add_weight` it splits a variable for (`creating_layer`)
+and each model built in its scope (`creating_model`, from the model's step
+counters). Other layers and models, and tf-keras's classes, are untouched.
 
 Training is untouched: `trainable_weights` still lists shards. A
 checkpoint in TF's format was whole already (a split variable saves as
 slices of one key).
 
 Private tf-keras API used (tested range: setup.py): `Layer.get_weights`,
-`set_weights`, `save_own_variables`, `load_own_variables`,
-`saving.legacy.hdf5_format._legacy_weights`; private TF: a shard's
-`_sharded_container` (the weak reference TF sets to its `ShardedVariable`).
+`set_weights`, `save_own_variables`, `load_own_variables`, `add_weight`
+(the frame a split variable's layer is found from), `Model.save_weights`,
+`load_weights`, `_create_counter_variable` / `_init_batch_counters` (the
+frames a model is found from), `saving.legacy.hdf5_format._legacy_weights`;
+private TF: a shard's `_sharded_container` (the weak reference TF sets to
+its `ShardedVariable`).
 """
 
 from __future__ import annotations
@@ -34,20 +42,27 @@ import functools
 import importlib
 import os
 import sys
-import threading
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import attributes
+from tfdist._internal import keras_ps
 
-__all__ = ["install", "legacy_keras", "whole"]
+__all__ = [
+    "creating_layer", "creating_model", "in_use", "legacy_keras", "track", "tracked", "whole",
+]
 
 _BASE_LAYER = "tf_keras.src.engine.base_layer"
-
-_INSTALL_LOCK = threading.Lock()
-_installed = False
+_TRAINING = "tf_keras.src.engine.training"
+_HDF5_FORMAT = "tf_keras.src.saving.legacy.hdf5_format"
+#: How far up the stack `creating_layer` and `creating_model` look: from
+#: TF's variable creator to tf-keras's method, through TF's creator chain.
+_MAX_FRAMES = 24
 
 
 def _container(weight: Any) -> Any:
@@ -209,26 +224,101 @@ def legacy_keras() -> bool:
     return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
 
 
-def install() -> None:
-    """Makes tf-keras list split variables whole in weights and files (idempotent; see module).
+def in_use() -> bool:
+    """Whether this process uses tf-keras (`tf.keras` is tf-keras, or it is imported)."""
+    return legacy_keras() or _BASE_LAYER in sys.modules
 
-    Only where tf-keras is in use (`tf.keras` is tf-keras, or it is imported
-    already): importing it into a Keras 3 process is not this module's to
-    do. Call again once it is, to install.
+
+def _legacy_weights_targets() -> list[attributes.Target]:
+    hdf5_format = importlib.import_module(_HDF5_FORMAT)
+    return [(hdf5_format, "_legacy_weights", _wrap_legacy_weights)]
+
+
+#: tf-keras's legacy `.h5` weights list split variables whole, while a
+#: tracked model's `save_weights` or `load_weights` runs.
+_LEGACY_WEIGHTS = attributes.SharedPatch(_legacy_weights_targets)
+
+
+def _during_legacy_weights(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _LEGACY_WEIGHTS.active():
+            return original(self, *args, **kwargs)
+
+    return call
+
+
+#: Set on an instance `track` has changed.
+_TRACKED = "_tfdist_lists_split_variables_whole"
+
+
+def track(obj: Any) -> None:
+    """Makes one tf-keras layer or model list its split variables whole (idempotent).
+
+    On this instance only (its class and every other instance keep
+    tf-keras's methods): `get_weights`, `set_weights`, `save_own_variables`
+    and `load_own_variables` (see module); a model's `save_weights` and
+    `load_weights` also list split variables whole in legacy `.h5` files
+    (tf-keras's `hdf5_format._legacy_weights`, replaced for the call only).
+    Where an instance holds no split variable, each passes through.
     """
-    global _installed
-    with _INSTALL_LOCK:
-        if _installed:
-            return
-        if _BASE_LAYER not in sys.modules and not legacy_keras():
-            return
-        base_layer = importlib.import_module(_BASE_LAYER)
-        hdf5_format = importlib.import_module("tf_keras.src.saving.legacy.hdf5_format")
-        layer = base_layer.Layer
-        layer.get_weights = _wrap_get_weights(layer.get_weights)
-        layer.set_weights = _wrap_set_weights(layer.set_weights)
-        layer.save_own_variables = _wrap_save_own_variables(layer.save_own_variables)
-        layer.load_own_variables = _wrap_load_own_variables(layer.load_own_variables)
-        name = "_legacy_weights"
-        setattr(hdf5_format, name, _wrap_legacy_weights(getattr(hdf5_format, name)))
-        _installed = True
+    own = vars(obj)
+    if own.get(_TRACKED):
+        return
+    cls = type(obj)
+    methods: dict[str, Any] = {
+        name: types.MethodType(wrap(getattr(cls, name)), obj)
+        for name, wrap in (
+            ("get_weights", _wrap_get_weights),
+            ("set_weights", _wrap_set_weights),
+            ("save_own_variables", _wrap_save_own_variables),
+            ("load_own_variables", _wrap_load_own_variables),
+        )
+    }
+    for name in ("save_weights", "load_weights"):
+        if hasattr(cls, name):  # A model.
+            methods[name] = types.MethodType(_during_legacy_weights(getattr(cls, name)), obj)
+    methods[_TRACKED] = True
+    attributes.set_instance_attributes(obj, methods)
+
+
+def tracked(obj: Any) -> bool:
+    """Whether `track(obj)` was called."""
+    return bool(vars(obj).get(_TRACKED))
+
+
+def _creating(module: str, class_name: str, methods: tuple[str, ...]) -> Any:
+    """The instance of tf-keras's `module.class_name` whose `methods` frame is on the stack, or None."""
+    cls = getattr(sys.modules.get(module), class_name, None)
+    if cls is None:
+        return None
+    codes = {getattr(getattr(cls, name, None), "__code__", None) for name in methods}
+    for frame in keras_ps.frames_up(2, limit=_MAX_FRAMES):
+        if frame.f_code in codes:
+            found = frame.f_locals.get("self")
+            return found if isinstance(found, cls) else None
+    return None
+
+
+def creating_layer() -> Any:
+    """The tf-keras layer whose `add_weight` creates the variable being created, or None.
+
+    For a strategy's variable creator, once it has split a variable (a
+    bounded walk up the stack; not on every variable creation).
+    """
+    return _creating(_BASE_LAYER, "Layer", ("add_weight",))
+
+
+def creating_model(kwargs: dict[str, Any]) -> Any:
+    """The tf-keras model whose step counters are being created, or None.
+
+    tf-keras's `Model.__init__` creates three int64 scalar counters with
+    `ONLY_FIRST_REPLICA` aggregation; for those (and only those, told by
+    `kwargs` before any walk up the stack) the model is returned, so a
+    strategy finds every tf-keras model built in its scope as it is built.
+    """
+    if kwargs.get("aggregation") != tf.VariableAggregation.ONLY_FIRST_REPLICA:
+        return None
+    if tf.as_dtype(kwargs.get("dtype") or tf.float32) != tf.int64:
+        return None
+    return _creating(_TRAINING, "Model", ("_create_counter_variable", "_init_batch_counters"))

@@ -208,8 +208,10 @@ class MultiWorkerMirroredStrategy(
             # Not beyond this strategy: its probes and its hook on TF's errors.
             weakref.finalize(self, self._watchdog.stop)
             if not self.extended.should_checkpoint:
-                # Only the chief writes checkpoints (see keras_compat).
-                keras_compat.redirect_non_chief_checkpoints(config.task.name)
+                # Only the chief writes checkpoints (see keras_compat), while this lives.
+                weakref.finalize(
+                    self, keras_compat.redirect_non_chief_checkpoints(self, config.task.name)
+                )
         self._timeout_s = timeout
         self._shard_options = shard_options
         self._input_service = (

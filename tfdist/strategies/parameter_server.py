@@ -22,7 +22,8 @@ ClusterCoordinator.create_per_worker_dataset"), and tf-keras's needs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -32,7 +33,6 @@ from tfdist._internal import keras_compat
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
 from tfdist._internal import ps_runtime
-from tfdist._internal import tf_keras_sharded
 from tfdist._internal import validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import resolver as resolver_lib
@@ -230,9 +230,6 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         variable_partitioner = partitioning.resolve(
             variable_partitioner, len(config.cluster.addresses("ps"))
         )
-        if variable_partitioner is not None:
-            keras_sharded.install()  # Keras 3 trains split variables.
-            tf_keras_sharded.install()  # tf-keras lists them whole.
         # Every update of a step applied once, whatever TF re-runs.
         self._update_gate = update_gate.UpdateGate() if exactly_once else None
         try:
@@ -291,9 +288,21 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         Inside, tf-keras's `LossScaleOptimizer` works (it refuses strategies
         it does not list; each step's gradients are unscaled once per
         worker replica, and each variable has one copy:
-        `keras_compat.loss_scaling_allowed`, undone on exit).
+        `keras_compat.loss_scaling_allowed`, undone on exit). With a
+        partitioner, Keras 3 takes gradients of split variables and looks up
+        their rows per shard inside it (`keras_sharded.active`, also around
+        each `run`), and TF and Keras are as they were outside it.
         """
-        return _Scope(super().scope(), keras_compat.loss_scaling_allowed(type(self)))
+        return _Scope(super().scope(), self._keras_inside_scope())
+
+    @contextlib.contextmanager
+    def _keras_inside_scope(self) -> Iterator[None]:
+        """What Keras needs inside this scope, undone on leaving it."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(keras_compat.loss_scaling_allowed(type(self)))
+            if getattr(self.extended, "splits_variables", False):
+                stack.enter_context(keras_sharded.active())  # Keras 3 trains split variables.
+            yield
 
     @property
     def cluster_config(self) -> ClusterConfig:

@@ -11,6 +11,7 @@ tests/integration/parameter_server_sharded_test.py.
 
 from __future__ import annotations
 
+import threading
 
 import numpy as np
 import pytest
@@ -69,12 +70,36 @@ def _train_step(model, optimizer):
     return step
 
 
-class InstalledTest(tf.test.TestCase):
+class ActiveTest(tf.test.TestCase):
 
-    def test_installed_for_a_block_leaves_tf_and_keras_as_they_were(self):
-        gradient = tf.GradientTape.gradient  # Wrapped already if a strategy installed it.
-        with keras_sharded.installed():
-            self.assertTrue(hasattr(tf.GradientTape.gradient, "__wrapped__"))
+    def test_tf_is_as_it_was_after_the_last_block_is_left(self):
+        gradient = tf.GradientTape.gradient
+        with keras_sharded.active():
+            self.assertTrue(keras_sharded.installed())
+            self.assertIsNot(tf.GradientTape.gradient, gradient)
+            with keras_sharded.active():  # Re-entered: still in place after the inner block.
+                pass
+            self.assertIsNot(tf.GradientTape.gradient, gradient)
+        self.assertFalse(keras_sharded.installed())
+        self.assertIs(tf.GradientTape.gradient, gradient)
+
+    def test_blocks_of_two_threads_overlapping_leave_tf_as_it_was(self):
+        gradient = tf.GradientTape.gradient
+        entered, leave = threading.Event(), threading.Event()
+
+        def hold():
+            with keras_sharded.active():
+                entered.set()
+                leave.wait(timeout=30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        self.assertTrue(entered.wait(timeout=30))
+        with keras_sharded.active():
+            pass
+        self.assertIsNot(tf.GradientTape.gradient, gradient, "the other thread's block is open")
+        leave.set()
+        holder.join(timeout=30)
         self.assertIs(tf.GradientTape.gradient, gradient)
 
 
@@ -82,7 +107,7 @@ class SplitKerasVariableTest(tf.test.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.enter_context(keras_sharded.installed())
+        self.enter_context(keras_sharded.active())
         rng = np.random.default_rng(0)
         self.x = tf.constant(rng.integers(0, VOCABULARY, size=(8, 3)), tf.int32)
         self.y = tf.constant(rng.normal(size=(8, 1)), tf.float32)
