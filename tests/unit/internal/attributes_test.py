@@ -48,5 +48,42 @@ class SwapClassTest(absltest.TestCase):
         self.assertEqual((type(one), one.apply()), (Gated, "gated"))
 
 
+class SetInstanceAttributesTest(absltest.TestCase):
+
+    def test_one_instance_changes_for_good_and_the_class_does_not(self):
+        one, other = Optimizer(), Optimizer()
+        attributes.set_instance_attributes(one, {"apply": lambda: "instance"})
+        self.assertEqual((one.apply(), other.apply(), Optimizer.apply(one)), ("instance", "class", "class"))
+
+
+class SharedPatchTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.patch = attributes.SharedPatch(
+            lambda: [(Optimizer, "apply", lambda original: lambda self: "patched " + original(self))]
+        )
+        self.original = vars(Optimizer)["apply"]
+
+    def test_installed_inside_and_exactly_the_original_back_after(self):
+        with self.patch.active():
+            self.assertEqual(Optimizer().apply(), "patched class")
+        self.assertIs(vars(Optimizer)["apply"], self.original)
+        self.assertFalse(self.patch.installed)
+
+    def test_nested_holders_wrap_once_and_the_last_one_out_restores(self):
+        with self.patch.active():
+            with self.patch.active():
+                self.assertEqual(Optimizer().apply(), "patched class")
+            self.assertEqual(Optimizer().apply(), "patched class")
+        self.assertIs(vars(Optimizer)["apply"], self.original)
+
+    def test_a_holder_that_raises_still_restores(self):
+        with self.assertRaises(ValueError):
+            with self.patch.active():
+                raise ValueError("in the block")
+        self.assertIs(vars(Optimizer)["apply"], self.original)
+
+
 if __name__ == "__main__":
     absltest.main()
