@@ -52,10 +52,10 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist.collectives import TreeAllReduce
     from tfdist.devices import local_devices
     from tfdist.devices import simulate_cpu_devices
-    from tfdist.strategies import LayerPlacementStrategy
-    from tfdist.strategies import MirroredStrategy
-    from tfdist.strategies import MultiWorkerMirroredStrategy
-    from tfdist.strategies import ParameterServerStrategy
+    from tfdist.placement.strategy import LayerPlacementStrategy
+    from tfdist.mirrored import MirroredStrategy
+    from tfdist.multi_worker import MultiWorkerMirroredStrategy
+    from tfdist.parameter_server.strategy import ParameterServerStrategy
 
 __all__ = [
     "AllReduce",
@@ -95,10 +95,10 @@ _ATTRIBUTE_MODULES = {
     "TreeAllReduce": "tfdist.collectives",
     "local_devices": "tfdist.devices",
     "simulate_cpu_devices": "tfdist.devices",
-    "LayerPlacementStrategy": "tfdist.strategies",
-    "MirroredStrategy": "tfdist.strategies",
-    "MultiWorkerMirroredStrategy": "tfdist.strategies",
-    "ParameterServerStrategy": "tfdist.strategies",
+    "LayerPlacementStrategy": "tfdist.placement.strategy",
+    "MirroredStrategy": "tfdist.mirrored",
+    "MultiWorkerMirroredStrategy": "tfdist.multi_worker",
+    "ParameterServerStrategy": "tfdist.parameter_server.strategy",
 }
 
 

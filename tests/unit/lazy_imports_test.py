@@ -93,7 +93,7 @@ class NoTensorflowTest(parameterized.TestCase):
             "import tfdist; tfdist.MirroredStrategy; tfdist.cluster", "tfdist"
         )
 
-        self.assertIn("tfdist.strategies", modules)
+        self.assertIn("tfdist.mirrored.strategy", modules)
         self.assertNotIn("tfdist.testing", modules)
 
 
@@ -103,17 +103,16 @@ class PublicNamesTest(parameterized.TestCase):
             with self.subTest(name=name):
                 self.assertIsNotNone(getattr(tfdist, name))
 
-    def test_names_are_the_subpackages_objects(self):
-        from tfdist import strategies  # noqa: PLC0415 - the point of the test.
+    def test_names_are_the_strategy_families_objects(self):
+        from tfdist import mirrored  # noqa: PLC0415 - the point of the test.
+        from tfdist import multi_worker  # noqa: PLC0415
+        from tfdist.parameter_server import strategy as parameter_server  # noqa: PLC0415
+        from tfdist.placement import strategy as placement  # noqa: PLC0415
 
-        self.assertIs(tfdist.MirroredStrategy, strategies.MirroredStrategy)
-        self.assertIs(
-            tfdist.LayerPlacementStrategy, strategies.LayerPlacementStrategy
-        )
-        self.assertIs(
-            tfdist.MultiWorkerMirroredStrategy,
-            strategies.MultiWorkerMirroredStrategy,
-        )
+        self.assertIs(tfdist.MirroredStrategy, mirrored.MirroredStrategy)
+        self.assertIs(tfdist.LayerPlacementStrategy, placement.LayerPlacementStrategy)
+        self.assertIs(tfdist.MultiWorkerMirroredStrategy, multi_worker.MultiWorkerMirroredStrategy)
+        self.assertIs(tfdist.ParameterServerStrategy, parameter_server.ParameterServerStrategy)
 
     def test_cluster_resolver_name_resolves(self):
         from tfdist.cluster import resolver  # noqa: PLC0415

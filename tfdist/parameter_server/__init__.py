@@ -1,7 +1,8 @@
-"""Parameter-server training: the machinery behind `tfdist.ParameterServerStrategy`.
+"""Parameter-server training: `tfdist.ParameterServerStrategy` and its machinery.
 
 Modules, one job each:
 
+- `strategy`: the strategy class (imported by `tfdist.ParameterServerStrategy`);
 - `roles`: what each TF_CONFIG task does (the chief trains; workers and ps
   tasks serve), start-up bounded.
 - `scheduler`: `StepScheduler`, steps queued on free workers with every

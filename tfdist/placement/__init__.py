@@ -1,11 +1,21 @@
-"""Layer placement plans, in pure Python: which layers run on which device.
+"""Model parallelism between layers: `tfdist.LayerPlacementStrategy` and its planner.
 
-`tfdist.LayerPlacementStrategy` measures a model (`LayerGraph`: each
-top-level layer's weights, FLOPs or time, and the activations between
-layers) and asks this package for stages (`plan_stages` for
-`placement="balanced"`, `plan_from_assignment` for a `{layer: device}`
-map). Nothing here imports TensorFlow, so plans can be computed and tested
-for fake devices.
+Modules, one job each:
+
+- `plan`, `report` (the public `tfdist.placement` API, pure Python): which
+  layers run on which device. The strategy measures a model (`LayerGraph`:
+  each top-level layer's weights, FLOPs or time, and the activations
+  between layers) and asks for stages (`plan_stages` for
+  `placement="balanced"`, `plan_from_assignment` for a `{layer: device}`
+  map). They import no TensorFlow, so plans can be computed and tested for
+  fake devices, and `import tfdist.placement` loads none.
+- `strategy`: the strategy class (imported by `tfdist.LayerPlacementStrategy`,
+  not by this package);
+- `_layer_profile`: measuring a model's layers for the planner;
+- `_microbatch`: a step run once per microbatch with one optimizer update.
+
+Its extended class and Keras layer hooks are `tfdist/_internal/placement_extended.py`
+and `tfdist/_internal/keras_layers.py` (private TF and Keras names).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from absl.testing import parameterized
 
 import tfdist
 from tfdist import errors
-from tfdist.strategies import layer_placement
+from tfdist.placement import strategy as layer_placement
 
 pytestmark = pytest.mark.model
 keras = tf.keras

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist.collectives import cross_device_ops
-from tfdist.strategies import multi_worker
+from tfdist.multi_worker import strategy as multi_worker
 
 Implementation = tf.distribute.experimental.CommunicationImplementation
 

@@ -69,15 +69,17 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "_internal": 1,  # "may be imported by any tfdist module".
     "cluster": 2,
-    "placement": 2,
     "launch": 2,  # The local launcher: runs clusters, sits with cluster.
     "collectives": 3,
     "data": 3,
     "watchdog": 3,  # Bounded waits of multi-task jobs: cluster + _internal.
     "layers": 3,  # Keras layers for ps tables: errors + TF/Keras.
-    "input": 4,  # Distributed input: data + _internal (+ cluster).
-    "parameter_server": 4,  # PS training machinery: cluster, watchdog, _internal.
-    "strategies": 5,
+    "input": 4,  # Distributed input and the strategies' input mixin: data + _internal (+ cluster).
+    # The strategy families: each package holds its strategy and what only it uses.
+    "parameter_server": 4,  # Its strategy and machinery: cluster, launch, watchdog, _internal.
+    "mirrored": 5,
+    "multi_worker": 5,
+    "placement": 5,  # Its strategy; its planner (plan, report) imports no TensorFlow.
     "testing": 6,  # "may import any public API".
     "__init__": 7,
 }
@@ -95,7 +97,9 @@ SAME_LAYER_IMPORTS = frozenset({("launch", "cluster")})
 NO_TENSORFLOW = (
     "tfdist/cluster/spec.py",
     "tfdist/cluster/tf_config.py",
-    "tfdist/placement/",
+    "tfdist/placement/__init__.py",  # `import tfdist.placement` loads no TensorFlow.
+    "tfdist/placement/plan.py",
+    "tfdist/placement/report.py",
     "tfdist/errors.py",  # ARCHITECTURE.md: the errors layer imports no TensorFlow.
     "tfdist/layers/hash_ring.py",  # Pure NumPy.
     "tfdist/launch/",  # `tfdist-launch --help` must not wait for TensorFlow.

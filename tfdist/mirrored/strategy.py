@@ -8,7 +8,7 @@ every step's gradients are summed over replicas, so training with global
 batch B gives the same weights as one device with batch B.
 
 Datasets are distributed by tfdist's input path (`tfdist/input/`, through
-`tfdist/strategies/input_base.py`): one pipeline feeds all replicas, each
+`tfdist/input/strategy_input.py`): one pipeline feeds all replicas, each
 global batch is cut into per-replica slices, and a last partial batch
 trains exactly as on one device.
 
@@ -57,12 +57,12 @@ from tfdist import errors
 from tfdist.collectives import cross_device_ops as cross_device_ops_lib
 from tfdist.data import options as data_options
 from tfdist.input import split
-from tfdist.strategies import input_base
+from tfdist.input import strategy_input
 
 __all__ = ["MirroredStrategy"]
 
 
-class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredStrategy):
+class MirroredStrategy(strategy_input.DistributedInputMixin, tf.distribute.MirroredStrategy):
     """Synchronous data parallelism on local devices with tfdist collectives.
 
     Use exactly like `tf.distribute.MirroredStrategy`: build and compile the
@@ -145,7 +145,7 @@ class MirroredStrategy(input_base.DistributedInputMixin, tf.distribute.MirroredS
             cross_device_ops_lib.check_options(
                 all_reduce or "auto", bucket_bytes, compression
             )
-        input_base.check_shard_options(shard_options)
+        strategy_input.check_shard_options(shard_options)
         resolved = devices_lib.resolve_local_devices(devices)
         host_memory = devices_lib.share_host_memory(resolved)
         if update_once_on_host is None:

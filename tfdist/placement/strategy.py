@@ -58,9 +58,9 @@ from tfdist._internal import validation
 from tfdist.data import options as data_options
 from tfdist.input import dataset as dataset_lib
 from tfdist.input import split
-from tfdist.strategies import _layer_profile
-from tfdist.strategies import _microbatch
-from tfdist.strategies import input_base
+from tfdist.placement import _layer_profile
+from tfdist.placement import _microbatch
+from tfdist.input import strategy_input
 
 __all__ = ["LayerPlacementStrategy", "PlacementFn"]
 
@@ -91,7 +91,7 @@ class _PlacedModel:
     stage_times_s: tuple[float, ...] | None = None
 
 
-class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Strategy):
+class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute.Strategy):
     """Places a model's layers over devices and pipelines each step's microbatches.
 
     Build and compile the model under `strategy.scope()` and call `fit`,
@@ -162,7 +162,7 @@ class LayerPlacementStrategy(input_base.DistributedInputMixin, tf.distribute.Str
                 "rematerialize must be True or False; received "
                 f"rematerialize={rematerialize!r} of type {type(rematerialize).__name__}."
             )
-        input_base.check_shard_options(shard_options)
+        strategy_input.check_shard_options(shard_options)
         assignment = _check_placement(placement)
         if isinstance(devices, str):
             raise TypeError(

@@ -46,7 +46,7 @@ from tfdist.collectives import cross_worker
 from tfdist.data import options as data_options
 from tfdist.input import data_service
 from tfdist.input import split
-from tfdist.strategies import input_base
+from tfdist.input import strategy_input
 from tfdist.watchdog import peer_watchdog
 from tfdist.watchdog import startup
 
@@ -57,7 +57,7 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 class MultiWorkerMirroredStrategy(
-    input_base.DistributedInputMixin, tf.distribute.MultiWorkerMirroredStrategy
+    strategy_input.DistributedInputMixin, tf.distribute.MultiWorkerMirroredStrategy
 ):
     """Synchronous data parallelism over the workers of a TF_CONFIG cluster.
 
@@ -148,7 +148,7 @@ class MultiWorkerMirroredStrategy(
         )
         timeout = validation.check_positive_number("timeout_s", timeout_s)
         cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
-        input_base.check_shard_options(shard_options)
+        strategy_input.check_shard_options(shard_options)
         if config.task is not None and config.task.task_type not in ("chief", "worker"):
             raise errors.ConfigError(
                 f"MultiWorkerMirroredStrategy runs on chief and worker tasks; "
