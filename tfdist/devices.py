@@ -18,7 +18,7 @@ import tensorflow as tf
 from collections.abc import Sequence
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 
 __all__ = [
     "canonical_device",

@@ -21,7 +21,7 @@ with `keras.ops` (Keras 3); here `tf` ops where a front end lacks them.
 Under Keras 3 the position embedding's gradient is where strategies part:
 its rows are summed over the batch on one device; TF's strategy hands
 Keras's sparse Adam each replica's half-sums, which Adam squares before
-adding, and trains other weights (tfdist sums them: `_internal/sparse_rows`).
+adding, and trains other weights (tfdist sums them: `collectives/sparse_rows`).
 """
 
 from __future__ import annotations

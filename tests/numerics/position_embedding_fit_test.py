@@ -6,7 +6,7 @@ that table has one row per position, summed over the batch. Concatenating
 each replica's (or microbatch's) rows, as TF's MirroredStrategy does, hands
 Keras's sparse Adam two half-sums per position, which it squares before
 adding: other weights than one device's (Keras 3; tf-keras adds an index's
-rows first). tfdist sums such rows (`tfdist/_internal/sparse_rows.py`).
+rows first). tfdist sums such rows (`tfdist/collectives/sparse_rows.py`).
 Keras 3 and tf-keras.
 """
 
@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.conformance.user_patterns import TokenAndPositionEmbedding
-from tfdist._internal import sparse_rows
+from tfdist.collectives import sparse_rows
 from tfdist.testing import numerics
 from tests.front_end import KERAS_3
 

@@ -45,7 +45,7 @@ from typing import Literal
 from typing import TypeGuard
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.cluster import _format
 
 __all__ = [

@@ -16,7 +16,7 @@ gradients that way). That call:
             but where every replica looked up the same constant indices (a
             position embedding), all-reduce the values as dense: one
             device's gradient has one row per index, summed over the batch
-            (`_internal/sparse_rows`; Adam squares rows before summing)
+            (`collectives/sparse_rows`; Adam squares rows before summing)
     MEAN:   divide by the number of replicas after the SUM
     wrap each result as a Mirrored value
 
@@ -40,8 +40,8 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import cross_device
-from tfdist._internal import sparse_rows
-from tfdist._internal import validation
+from tfdist.collectives import sparse_rows
+from tfdist import _validation as validation
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
 from tfdist.collectives import cost_model as cost_model_lib

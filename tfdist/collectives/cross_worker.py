@@ -24,7 +24,7 @@ all-gather receives more than a ring would (prefer no compression there).
 
 Sparse gradients of a lookup of constant indices (a position embedding)
 take this path too, as dense values: every worker's rows are the same rows
-(`_internal/sparse_rows`). Everything else (other sparse `IndexedSlices`,
+(`collectives/sparse_rows`). Everything else (other sparse `IndexedSlices`,
 integer or dynamic-shape values, results on other devices,
 `strategy.gather`, replica-context all-reduces such as synchronized batch
 norm) takes TF's `CollectiveAllReduce` path unchanged, so behaviour outside
@@ -41,7 +41,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist._internal import cross_device
-from tfdist._internal import sparse_rows
+from tfdist.collectives import sparse_rows
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
 from tfdist.collectives import cross_device_ops

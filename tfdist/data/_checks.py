@@ -15,7 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.data import _plan
 
 # `Any` below: a nested structure (tuple/dict) of tensors or specs.

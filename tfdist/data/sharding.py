@@ -84,7 +84,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.data import _checks
 from tfdist.data import _element_policy
 from tfdist.data import _file_policy

@@ -38,7 +38,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.data import _checks
 from tfdist.data import row_weights
 

@@ -20,7 +20,7 @@ import signal
 from collections.abc import Sequence
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.cluster import spec
 
 __all__ = [

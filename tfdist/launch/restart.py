@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.launch import isolation
 from tfdist.launch import job
 from tfdist.launch import local_cluster

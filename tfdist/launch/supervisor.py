@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.cluster import spec
 from tfdist.launch import isolation
 from tfdist.launch import job

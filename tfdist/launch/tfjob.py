@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.cluster import spec
 from tfdist.launch import job
 

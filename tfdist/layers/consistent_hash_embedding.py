@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import keras_layers
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.layers import hash_ring
 
 __all__ = ["ConsistentHashEmbedding"]

@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from tfdist._internal import validation
+from tfdist import _validation as validation
 
 __all__ = ["DEFAULT_VIRTUAL_NODES", "HashRing"]
 

@@ -37,7 +37,7 @@ import tensorflow as tf
 from tfdist import errors
 from tfdist._internal import cross_device
 from tfdist._internal import keras_compat
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import resolver as resolver_lib
 from tfdist.cluster import to_cluster_resolver

@@ -42,7 +42,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist._internal import sparse_rows
+from tfdist.collectives import sparse_rows
 
 __all__ = ["RowBuffers", "keeps_rows"]
 

@@ -33,7 +33,7 @@ from tfdist._internal import keras_compat
 from tfdist._internal import keras_ps
 from tfdist._internal import keras_sharded
 from tfdist._internal import ps_runtime
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import resolver as resolver_lib
 from tfdist.cluster import to_cluster_resolver

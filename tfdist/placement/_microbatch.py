@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tfdist import errors
 from tfdist._internal import keras_compat
-from tfdist._internal import sparse_rows
+from tfdist.collectives import sparse_rows
 from tfdist.data import row_weights
 from tfdist.data import splitting
 

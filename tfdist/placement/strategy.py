@@ -54,7 +54,7 @@ from tfdist._internal import input_values
 from tfdist._internal import keras_compat
 from tfdist._internal import keras_layers
 from tfdist._internal import placement_extended
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist.data import options as data_options
 from tfdist.input import dataset as dataset_lib
 from tfdist.input import split

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdist import errors
-from tfdist._internal import validation
+from tfdist import _validation as validation
 from tfdist import launch
 from tfdist.testing import _local_task
 

@@ -1,10 +1,10 @@
-"""tfdist._internal.sparse_rows: which sparse gradient rows stand for the same rows."""
+"""tfdist.collectives.sparse_rows: which sparse gradient rows stand for the same rows."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdist._internal import sparse_rows
+from tfdist.collectives import sparse_rows
 
 DENSE_SHAPE = tf.constant([10, 2], tf.int64)
 

@@ -68,6 +68,7 @@ build_gen = _load_build_gen(ROOT)
 LAYERS: dict[str, int] = {
     "errors": 0,
     "_internal": 1,  # "may be imported by any tfdist module".
+    "_validation": 1,  # Argument checks every layer's constructors use (no TensorFlow).
     "cluster": 2,
     "launch": 2,  # The local launcher: runs clusters, sits with cluster.
     "collectives": 3,
@@ -101,6 +102,7 @@ NO_TENSORFLOW = (
     "tfdist/placement/plan.py",
     "tfdist/placement/report.py",
     "tfdist/errors.py",  # ARCHITECTURE.md: the errors layer imports no TensorFlow.
+    "tfdist/_validation.py",
     "tfdist/layers/hash_ring.py",  # Pure NumPy.
     "tfdist/launch/",  # `tfdist-launch --help` must not wait for TensorFlow.
 )
