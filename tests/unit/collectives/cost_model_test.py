@@ -150,9 +150,8 @@ class CalibrationTest(tf.test.TestCase):
         self.assertGreaterEqual(pack.alpha_s, 0.0)
         self.assertGreaterEqual(pack.beta_s_per_byte, 0.0)
 
-    def _constants_from_timings(self, seconds):
-        """Constants fitted to `seconds(algorithm, size)` in the 4-16 MiB range, on 2 devices."""
-        devices = ["/device:CPU:0", "/device:CPU:1"]
+    def _timed_model(self, seconds):
+        """A CostModel whose calibration times `seconds(algorithm, size)` instead of running anything."""
 
         def timed(devices, *, sizes):
             return {
@@ -160,9 +159,14 @@ class CalibrationTest(tf.test.TestCase):
                 for size in sizes
             }
 
-        with mock.patch.object(cost_model, "calibrate", timed):
-            model = cost_model.CostModel()
-            return model.constants_for(devices, 8 << 20), model.pack_constants_for(devices, 8 << 20)
+        self.enter_context(mock.patch.object(cost_model, "calibrate", timed))
+        return cost_model.CostModel()
+
+    def _constants_from_timings(self, seconds):
+        """Constants fitted to `seconds(algorithm, size)` in the 4-16 MiB range, on 2 devices."""
+        devices = ["/device:CPU:0", "/device:CPU:1"]
+        model = self._timed_model(seconds)
+        return model.constants_for(devices, 8 << 20), model.pack_constants_for(devices, 8 << 20)
 
     def test_constants_solve_each_algorithms_formula_from_two_sizes(self):
         alpha, beta = 2e-4, 3e-10
@@ -188,7 +192,9 @@ class CalibrationTest(tf.test.TestCase):
 
     def test_calibrated_constants_depend_on_the_message_size_range(self):
         devices = ["/device:CPU:0", "/device:CPU:1"]
-        model = cost_model.CostModel()
+        # Time per byte grows past 4 MiB (out of cache), as on real machines.
+        model = self._timed_model(
+            lambda name, size: 1e-4 + size * (1e-10 if size <= 4 << 20 else 4e-10))
         small = model.constants_for(devices, 1 << 10)
         large = model.constants_for(devices, 1 << 30)
         self.assertEqual(
