@@ -191,7 +191,7 @@ def tfdist_runs(workdir: str) -> list[str]:
         "layer_placement": lambda: tfdist.LayerPlacementStrategy(devices[:2]),
         "multi_worker": lambda: tfdist.MultiWorkerMirroredStrategy(),
         "parameter_server": lambda: tfdist.ParameterServerStrategy(
-            tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2), mode="sync",
+            tfdist.testing.start_local_ps_cluster(num_workers=1, num_ps=2), mode="sync",
             variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
                 min_shard_bytes=VOCABULARY * EMBEDDING_DIM, max_shards=2)),
     }
