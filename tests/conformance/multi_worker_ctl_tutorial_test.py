@@ -16,7 +16,7 @@ shard), 2 epochs, results returned instead of printed.
 The tutorial's pipeline shuffles every worker's copy of the whole dataset
 differently and then keeps one shard of it, so with TF's strategy the
 workers' shards overlap. tfdist gives that shuffle a seed every worker
-shares (`tfdist/input/distribute.py`), so the shards partition the data.
+shares (`tfdist/data/distributed/distribute.py`), so the shards partition the data.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The dataset size does not divide the global batch. Two ways in:
    sharder's `normalize_padded_loss` weights of `global_batch_size / M_k`
    make that step train on the mean loss of its M_k real examples.
 2. A plain batched dataset given to `fit` (`PlainDatasetFitTest`): the
-   strategy shards it itself (`tfdist/input/`), by default by cutting
+   strategy shards it itself (`tfdist/data/distributed/`), by default by cutting
    each global batch, or with `shard_steps` given `ShardOptions`. The last
    step's rows split unevenly over the 4 replicas, with no padding rows:
    training, unweighted metrics and `predict` must equal one device

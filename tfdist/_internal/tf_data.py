@@ -4,7 +4,7 @@ Private TF API used (tested range: see setup.py):
 
 - `tf.data.Dataset._as_serialized_graph`: the pipeline's `GraphDef` (what
   TF's own tf.data service and auto-sharding serialize); used to find
-  what makes copies of a pipeline differ (`tfdist/input/determinism.py`);
+  what makes copies of a pipeline differ (`tfdist/data/distributed/determinism.py`);
 - `dataset_options_pb2.Options`: the serialized `tf.data.Options` of an
   `OptionsDataset` node;
 - `data.experimental.ops.distribute.compute_batch_size`: the batch size of

@@ -2,7 +2,7 @@
 
 `split_batches` splits a user's batched dataset as tfdist's strategies split
 a plain dataset given to `model.fit`, `evaluate` or `predict` (their input
-path, `tfdist/input/`, cuts each batch with this module's `slice_bounds`,
+path, `tfdist/data/distributed/`, cuts each batch with this module's `slice_bounds`,
 `batch_rows` and `take_rows`): the user's pipeline (its order, its own
 per-epoch shuffling, its batch size) is kept, and every global batch is
 cut into per-replica slices. G replicas in sync, P input pipelines of

@@ -1,7 +1,7 @@
 """Mirrored data parallelism on one machine's devices: `tfdist.MirroredStrategy`.
 
 - `strategy`: the strategy class (TF's `MirroredStrategy` with tfdist's
-  collectives, `tfdist/collectives/`, and input path, `tfdist/input/`).
+  collectives, `tfdist/collectives/`, and input path, `tfdist/data/distributed/`).
 
 Its extended class is `tfdist/_internal/mirrored_extended.py` (it overrides
 TF's private update path).

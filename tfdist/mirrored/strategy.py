@@ -7,8 +7,8 @@ compression. Variables are mirrored, each replica runs on one device, and
 every step's gradients are summed over replicas, so training with global
 batch B gives the same weights as one device with batch B.
 
-Datasets are distributed by tfdist's input path (`tfdist/input/`, through
-`tfdist/input/strategy_input.py`): one pipeline feeds all replicas, each
+Datasets are distributed by tfdist's input path (`tfdist/data/distributed/`, through
+`tfdist/data/distributed/strategy_input.py`): one pipeline feeds all replicas, each
 global batch is cut into per-replica slices, and a last partial batch
 trains exactly as on one device.
 
@@ -56,8 +56,8 @@ from tfdist.collectives import cost_model as cost_model_lib
 from tfdist import errors
 from tfdist.collectives import cross_device_ops as cross_device_ops_lib
 from tfdist.data import options as data_options
-from tfdist.input import split
-from tfdist.input import strategy_input
+from tfdist.data.distributed import split
+from tfdist.data.distributed import strategy_input
 
 __all__ = ["MirroredStrategy"]
 

@@ -3,7 +3,7 @@
 - `strategy`: the strategy class (TF's `MultiWorkerMirroredStrategy` with
   tfdist's hierarchical collectives, `tfdist/collectives/cross_worker.py`,
   bounded start-up and peer watchdog, `tfdist/watchdog/`, and one input
-  pipeline per worker, `tfdist/input/`).
+  pipeline per worker, `tfdist/data/distributed/`).
 """
 
 from __future__ import annotations

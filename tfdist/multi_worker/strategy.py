@@ -18,7 +18,7 @@ timeout. It also works around two Keras 3 bugs in the multi-worker path
 across replicas only (for a scalar, "along axis 0" adds nothing).
 
 Datasets given to `experimental_distribute_dataset` are distributed by
-tfdist (`tfdist/input/`), not TF's auto-sharding: each worker takes its
+tfdist (`tfdist/data/distributed/`), not TF's auto-sharding: each worker takes its
 replicas' slices of every global batch (from its own copy of a pipeline
 that is the same on every worker, else from the chief's), so training
 equals one process with the same global batch (a last partial batch
@@ -44,9 +44,9 @@ from tfdist.cluster import to_cluster_resolver
 from tfdist.collectives import cross_device_ops
 from tfdist.collectives import cross_worker
 from tfdist.data import options as data_options
-from tfdist.input import data_service
-from tfdist.input import split
-from tfdist.input import strategy_input
+from tfdist.data.distributed import data_service
+from tfdist.data.distributed import split
+from tfdist.data.distributed import strategy_input
 from tfdist.watchdog import peer_watchdog
 from tfdist.watchdog import startup
 

@@ -56,11 +56,11 @@ from tfdist._internal import keras_layers
 from tfdist._internal import placement_extended
 from tfdist import _validation as validation
 from tfdist.data import options as data_options
-from tfdist.input import dataset as dataset_lib
-from tfdist.input import split
+from tfdist.data.distributed import dataset as dataset_lib
+from tfdist.data.distributed import split
 from tfdist.placement import _layer_profile
 from tfdist.placement import _microbatch
-from tfdist.input import strategy_input
+from tfdist.data.distributed import strategy_input
 
 __all__ = ["LayerPlacementStrategy", "PlacementFn"]
 

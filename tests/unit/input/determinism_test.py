@@ -9,9 +9,9 @@ from absl.testing import parameterized
 import tfdist
 from tfdist import errors
 from tfdist._internal import tf_data
-from tfdist.input import determinism
-from tfdist.input import distribute
-from tfdist.input import split
+from tfdist.data.distributed import determinism
+from tfdist.data.distributed import distribute
+from tfdist.data.distributed import split
 
 _DATA = np.arange(40, dtype=np.int64)
 

@@ -72,10 +72,9 @@ LAYERS: dict[str, int] = {
     "cluster": 2,
     "launch": 2,  # The local launcher: runs clusters, sits with cluster.
     "collectives": 3,
-    "data": 3,
+    "data": 3,  # The public sharders, and data/distributed (the strategies' input path): + cluster.
     "watchdog": 3,  # Bounded waits of multi-task jobs: cluster + _internal.
     "layers": 3,  # Keras layers for ps tables: errors + TF/Keras.
-    "input": 4,  # Distributed input and the strategies' input mixin: data + _internal (+ cluster).
     # The strategy families: each package holds its strategy and what only it uses.
     "parameter_server": 4,  # Its strategy and machinery: cluster, launch, watchdog, _internal.
     "mirrored": 5,

@@ -40,11 +40,11 @@ from tfdist._internal import input_values
 from tfdist._internal import tf_data
 from tfdist._internal import tf_random
 from tfdist.data import options as options_lib
-from tfdist.input import data_service
-from tfdist.input import dataset as dataset_lib
-from tfdist.input import determinism
-from tfdist.input import elements
-from tfdist.input import split
+from tfdist.data.distributed import data_service
+from tfdist.data.distributed import dataset as dataset_lib
+from tfdist.data.distributed import determinism
+from tfdist.data.distributed import elements
+from tfdist.data.distributed import split
 
 __all__ = [
     "agreeing_dataset_fn",

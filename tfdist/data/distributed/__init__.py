@@ -19,5 +19,5 @@ Every tfdist strategy distributes a dataset the same way (`distribute`):
   evaluation, prediction and custom loops get the plain slices.
 
 Nothing here is public API: strategies use it through
-`tfdist/input/strategy_input.py`.
+`tfdist/data/distributed/strategy_input.py`.
 """

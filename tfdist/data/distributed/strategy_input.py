@@ -4,7 +4,7 @@
 strategy class it extends. It gives the strategy:
 
 - `experimental_distribute_dataset`: tfdist's input path
-  (`tfdist/input/`): one pipeline per worker, each global batch cut into
+  (`tfdist/data/distributed/`): one pipeline per worker, each global batch cut into
   per-replica slices, elements shaped as the user's dataset;
 - `run`: for Keras 3's `predict_on_batch`, the batch cut over the
   replicas (Keras gives each replica all of it and returns every row
@@ -12,7 +12,7 @@ strategy class it extends. It gives the strategy:
   batch-size check and, for
   Keras's own `train_step`, the per-replica loss factor that makes an
   uneven batch train exactly like one device, with the logged loss exact
-  too (`tfdist/input/train_weights.py`);
+  too (`tfdist/data/distributed/train_weights.py`);
 - `reduce` of input values with `axis=None` (what Keras 3 asks for
   before training, to build the model from one batch): this worker's rows
   of the batch, without a collective. An element-wise mean across
@@ -33,10 +33,10 @@ import tensorflow as tf
 from tfdist._internal import input_values
 from tfdist._internal import keras_compat
 from tfdist.data import options as data_options
-from tfdist.input import data_service
-from tfdist.input import distribute
-from tfdist.input import split
-from tfdist.input import train_weights
+from tfdist.data.distributed import data_service
+from tfdist.data.distributed import distribute
+from tfdist.data.distributed import split
+from tfdist.data.distributed import train_weights
 
 __all__ = ["DistributedInputMixin", "check_shard_options"]
 
@@ -113,7 +113,7 @@ class DistributedInputMixin:
         shard (`Dataset.shard`) would give each worker a different shard of
         a differently ordered copy; tfdist gives such shuffles a seed every
         worker shares, and refuses (`ConfigError`) other differences that
-        feed a shard (see `tfdist/input/distribute.py`).
+        feed a shard (see `tfdist/data/distributed/distribute.py`).
         """
         service = self._chief_input_service()
         if service is not None:
@@ -135,7 +135,7 @@ class DistributedInputMixin:
         of Keras's `fit` (Keras 3 or tf-keras) on tfdist input, Keras's own
         `train_step` gets a loss factor per replica, so that any global
         batch (one the replicas do not divide included) trains as on one
-        device (see `tfdist/input/train_weights.py`); an overridden
+        device (see `tfdist/data/distributed/train_weights.py`); an overridden
         `train_step` gets plain slices, and a batch size the replicas do not
         divide raises `ConfigError` first.
         """

@@ -47,9 +47,9 @@ from tfdist._internal import tf_data
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import spec as spec_lib
 from tfdist.data import splitting
-from tfdist.input import dataset as dataset_lib
-from tfdist.input import elements
-from tfdist.input import split
+from tfdist.data.distributed import dataset as dataset_lib
+from tfdist.data.distributed import elements
+from tfdist.data.distributed import split
 
 __all__ = ["ChiefInputService"]
 
