@@ -54,7 +54,7 @@ from tfdist._internal import attributes
 from tfdist._internal import keras_ps
 
 __all__ = [
-    "creating_layer", "creating_model", "in_use", "legacy_keras", "track", "tracked", "whole",
+    "creating_layer", "creating_model", "in_use", "legacy_keras", "track", "whole",
 ]
 
 _BASE_LAYER = "tf_keras.src.engine.base_layer"
@@ -280,11 +280,6 @@ def track(obj: Any) -> None:
             methods[name] = types.MethodType(_during_legacy_weights(getattr(cls, name)), obj)
     methods[_TRACKED] = True
     attributes.set_instance_attributes(obj, methods)
-
-
-def tracked(obj: Any) -> bool:
-    """Whether `track(obj)` was called."""
-    return bool(vars(obj).get(_TRACKED))
 
 
 def _creating(module: str, class_name: str, methods: tuple[str, ...]) -> Any:
