@@ -62,6 +62,8 @@ __all__ = [
     "make_counters_exact",
     "make_counter_exact",
     "creating_keras3_variable",
+    "pin_to_ps",
+    "pinned_ps",
     "steps_per_execution",
 ]
 
@@ -80,6 +82,8 @@ _TF_KERAS_METHODS = (
 )
 #: Marks a model whose functions are tfdist's (value: the owner object).
 _INSTALLED = "_tfdist_parameter_server_loop"
+#: Attribute of a Keras 3 variable: the ps task its storage goes to (`pin_to_ps`).
+_PINNED = "_tfdist_pinned_ps"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +312,16 @@ def creating_keras3_variable() -> Any:
         if frame.f_code is code:
             return frame.f_locals.get("self")
     return None
+
+
+def pin_to_ps(variable: Any, index: int) -> None:
+    """Marks a Keras 3 variable not created yet (Keras defers it): its `tf.Variable` goes to ps `index`."""
+    setattr(variable, _PINNED, index)
+
+
+def pinned_ps(variable: Any) -> int | None:
+    """The ps task `pin_to_ps` marked `variable` (None: no variable, or not marked)."""
+    return getattr(variable, _PINNED, None)
 
 
 def _patch_exact(variable: Any) -> None:

@@ -41,7 +41,7 @@ Adagrad or momentum mix it with dense slots, so their update of a split
 table is dense (correct, not sparse). The strategy's update of a split
 variable (TF colocates an update with its variable, which a
 `ShardedVariable` refuses) and slot variables split like their variable
-are `ps_runtime.ParameterServerExtended`'s.
+are `tfdist/parameter_server/extended.py`'s.
 
 Private Keras API used (tested range: see setup.py):
 `keras.src.backend.tensorflow.numpy.take` (replaced by a wrapper while

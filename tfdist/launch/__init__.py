@@ -14,7 +14,7 @@ Modules, one job each:
 - `job`: `JobShape` (the job's tasks), `JobKind` (what ends it: the
   multi-worker or the parameter-server rules), `JobResult`/`TaskResult`/
   `JobOutcome` (how it ended).
-- `local_cluster`: `make_local_cluster`, free 127.0.0.1 ports.
+- `ports`: `make_local_cluster`, a cluster spec of free 127.0.0.1 ports.
 - `hosts`: `cluster_from_hosts`, the cluster of a job on real hosts.
 - `tfjob`: `tfjob_manifest`, the Kubeflow TFJob of a job.
 - `supervisor`: `LocalJob`, which starts the tasks and decides how the job
@@ -38,8 +38,8 @@ from tfdist.launch.job import JobOutcome
 from tfdist.launch.job import JobResult
 from tfdist.launch.job import JobShape
 from tfdist.launch.job import TaskResult
-from tfdist.launch.local_cluster import free_local_address
-from tfdist.launch.local_cluster import make_local_cluster
+from tfdist.launch.ports import free_local_address
+from tfdist.launch.ports import make_local_cluster
 from tfdist.launch.restart import run_local_job
 from tfdist.launch.supervisor import DEFAULT_GRACE_PERIOD_S
 from tfdist.launch.supervisor import DEFAULT_WORKER_RESTARTS

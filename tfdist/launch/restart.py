@@ -39,7 +39,7 @@ from tfdist import errors
 from tfdist import _validation as validation
 from tfdist.launch import isolation
 from tfdist.launch import job
-from tfdist.launch import local_cluster
+from tfdist.launch import ports
 from tfdist.launch import supervisor
 
 __all__ = ["run_local_job"]
@@ -175,7 +175,7 @@ def run_local_job(
             stack.enter_context(forwarder)
         attempt = 0
         while True:
-            cluster = local_cluster.make_local_cluster(shape)
+            cluster = ports.make_local_cluster(shape)
             local_job = supervisor.LocalJob(
                 cluster,
                 argv,

@@ -37,8 +37,9 @@ from tfdist import _validation as validation
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import resolver as resolver_lib
 from tfdist.cluster import to_cluster_resolver
-from tfdist.launch import local_cluster
+from tfdist.launch import ports
 from tfdist.parameter_server import async_runner
+from tfdist.parameter_server import extended as extended_lib
 from tfdist.parameter_server import keras_loop
 from tfdist.parameter_server import partitioning
 from tfdist.parameter_server import roles
@@ -236,7 +237,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             ps_runtime.initialize_strategy(
                 self,
                 resolver,
-                lambda: ps_runtime.ParameterServerExtended(
+                lambda: extended_lib.ParameterServerExtended(
                     self,
                     resolver,
                     variable_partitioner,
@@ -340,7 +341,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         Each returned `tf.Variable`'s `device` names its ps task. Accepts a
         Keras 3 or tf-keras weight (`layer.embeddings`, `optimizer.variables`).
         """
-        return ps_runtime.shards_of(variable)
+        return extended_lib.shards_of(variable)
 
     @property
     def largest_staleness_seen(self) -> int:
@@ -484,7 +485,7 @@ def _coordinator_as_chief(cluster: Any) -> Any:
     jobs = cluster.cluster_spec().as_dict()
     if cluster.task_type is not None or "chief" in jobs or not jobs.get("worker"):
         return cluster
-    jobs = {**jobs, "chief": [local_cluster.free_local_address()]}
+    jobs = {**jobs, "chief": [ports.free_local_address()]}
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(jobs),
         task_type="chief",

@@ -11,11 +11,14 @@ Modules, one job each:
   fake devices, and `import tfdist.placement` loads none.
 - `strategy`: the strategy class (imported by `tfdist.LayerPlacementStrategy`,
   not by this package);
+- `_extended`: its `StrategyExtended` (where variables and ops go), over
+  TF's one-replica contract in `tfdist/_internal/single_replica.py`;
+- `_layer_trace`: one forward pass traced layer by layer;
 - `_layer_profile`: measuring a model's layers for the planner;
 - `_microbatch`: a step run once per microbatch with one optimizer update.
 
-Its extended class and Keras layer hooks are `tfdist/_internal/placement_extended.py`
-and `tfdist/_internal/keras_layers.py` (private TF and Keras names).
+The Keras names it needs (a weight's storage, wrapping a layer's calls) are
+adapters in `tfdist/_internal/keras_layers.py`.
 """
 
 from __future__ import annotations

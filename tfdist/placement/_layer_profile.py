@@ -1,7 +1,7 @@
 """Measures a Keras model for the planner: layers in order, their costs, the bytes between them.
 
     profile_model(model, x_spec):
-        trace model(x) once, never run (`keras_layers.trace_calls`)
+        trace model(x) once, never run (`_layer_trace.trace_calls`)
         per top-level layer that ran, in order of its first call:
             params, param bytes     <- its weights
             flops                   <- TF's registered per-op FLOPs in its
@@ -28,6 +28,7 @@ import tensorflow as tf
 from tfdist import placement
 from tfdist._internal import keras_layers
 from tfdist._internal import op_stats
+from tfdist.placement import _layer_trace
 
 __all__ = ["ModelLayout", "profile_model", "time_layer"]
 
@@ -47,7 +48,7 @@ class ModelLayout:
       microbatch_rows: Rows of the traced batch (numbers are per this many).
     """
 
-    calls: tuple[keras_layers.LayerCall, ...]
+    calls: tuple[_layer_trace.LayerCall, ...]
     graph: placement.LayerGraph
     unused_layers: tuple[Any, ...]
     microbatch_rows: int
@@ -58,7 +59,7 @@ def profile_model(model: Any, x_spec: Any, *, microbatch_rows: int) -> ModelLayo
 
     Must run eagerly (or under `tf.init_scope()`).
     """
-    trace = keras_layers.trace_calls(model, x_spec)
+    trace = _layer_trace.trace_calls(model, x_spec)
     flops = op_stats.flops_by_scope(trace.graph, [call.scope for call in trace.calls])
     layers = []
     for call, layer_flops in zip(trace.calls, flops):
@@ -97,7 +98,7 @@ def with_times(layout: ModelLayout, times_s: list[float]) -> ModelLayout:
     )
 
 
-def time_layer(call: keras_layers.LayerCall, device: str) -> float:
+def time_layer(call: _layer_trace.LayerCall, device: str) -> float:
     """Seconds of one forward and backward pass of `call.layer` on `device`.
 
     Random inputs of the traced shapes (integers and booleans: zeros);

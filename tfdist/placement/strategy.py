@@ -17,7 +17,7 @@ When a model is placed: at its first `fit` / `evaluate` / `predict` step
     every later traced step: each top-level layer's call is wrapped, so the
         strategy's graph device function puts its forward ops, and the
         gradient ops the tape makes for them, on the layer's device
-        (tfdist/_internal/placement_extended.py)
+        (_extended.py)
 
 Until then, variables created under the scope wait on the host CPU, so a
 model too large for any one accelerator can be built.
@@ -53,11 +53,11 @@ from tfdist import placement as placement_lib
 from tfdist._internal import input_values
 from tfdist._internal import keras_compat
 from tfdist._internal import keras_layers
-from tfdist._internal import placement_extended
 from tfdist import _validation as validation
 from tfdist.data import options as data_options
 from tfdist.data.distributed import dataset as dataset_lib
 from tfdist.data.distributed import split
+from tfdist.placement import _extended as extended_lib
 from tfdist.placement import _layer_profile
 from tfdist.placement import _microbatch
 from tfdist.data.distributed import strategy_input
@@ -195,7 +195,7 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         self._shard_options = shard_options
         self._placed: dict[int, _PlacedModel] = {}
         self._latest: _PlacedModel | None = None
-        extended = placement_extended.PlacementExtended(
+        extended = extended_lib.PlacementExtended(
             self,
             devices=tuple(resolved),
             host_device=HOST_DEVICE,

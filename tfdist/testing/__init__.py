@@ -7,7 +7,7 @@ Public API: `use_logical_cpus`, `main`, `assert_weights_close`,
 
 from __future__ import annotations
 
-from tfdist.testing.cluster import run_local_cluster
+from tfdist.testing.local_jobs import run_local_cluster
 from tfdist.testing.devices import main
 from tfdist.testing.devices import use_logical_cpus
 from tfdist.testing.numerics import Comparison
@@ -15,8 +15,8 @@ from tfdist.testing.numerics import assert_matches_single_device
 from tfdist.testing.numerics import assert_weights_close
 from tfdist.testing.models import small_classifier
 from tfdist.testing.models import small_embedding_classifier
-from tfdist.testing.ps_cluster import run_local_ps_job
-from tfdist.testing.ps_cluster import start_local_ps_cluster
+from tfdist.testing.ps_jobs import run_local_ps_job
+from tfdist.testing.ps_jobs import start_local_ps_cluster
 
 __all__ = [
     "Comparison",

@@ -30,7 +30,7 @@ from tfdist import errors
 from tfdist.cluster import spec
 from tfdist.launch import isolation
 from tfdist.launch import job
-from tfdist.launch import local_cluster
+from tfdist.launch import ports
 from tfdist.launch import supervisor
 
 # worker:0: listens on its TF_CONFIG port on every interface, as gRPC
@@ -71,7 +71,7 @@ class _RunningJob:
         self._fifos = programs.make_fifos(test, "up", "done-0", "done-1")
         self._out = programs.ReadySink("connected", count=1)
         self._job = supervisor.LocalJob(
-            local_cluster.make_local_cluster(job.JobShape(2)),
+            ports.make_local_cluster(job.JobShape(2)),
             programs.python(
                 programs.by_task({"worker:0": _SERVER, "worker:1": _CLIENT}),
                 self._fifos,
@@ -248,7 +248,7 @@ class ShouldIsolateTest(parameterized.TestCase):
 
     def test_local_job_default_warns_when_unavailable(self):
         local_job = supervisor.LocalJob(
-            local_cluster.make_local_cluster(job.JobShape(1)),
+            ports.make_local_cluster(job.JobShape(1)),
             programs.python("pass"),
             env=dict(os.environ),
         )

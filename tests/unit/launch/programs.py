@@ -18,7 +18,7 @@ from tfdist.cluster import spec
 from tfdist.cluster import tf_config
 from tfdist.launch import isolation
 from tfdist.launch import job
-from tfdist.launch import local_cluster as local_cluster_lib
+from tfdist.launch import ports as ports_lib
 from tfdist.launch import supervisor
 
 #: Bound on how long a job may take, far above what it needs: it catches a
@@ -76,7 +76,7 @@ FAIL_ONCE = (
 
 def local_cluster(num_workers: int, **kwargs: object) -> spec.ClusterSpec:
     """`make_local_cluster(JobShape(num_workers, **kwargs))`."""
-    return local_cluster_lib.make_local_cluster(
+    return ports_lib.make_local_cluster(
         job.JobShape(num_workers, **kwargs)  # type: ignore[arg-type]
     )
 

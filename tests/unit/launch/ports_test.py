@@ -1,4 +1,4 @@
-"""Tests for tfdist.launch.local_cluster: free, distinct loopback ports."""
+"""Tests for tfdist.launch.ports: free, distinct loopback ports."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from absl.testing import absltest
 from tfdist import errors
 from tfdist.cluster import spec
 from tfdist.launch import job
-from tfdist.launch import local_cluster
+from tfdist.launch import ports as ports_lib
 
 
 def _ports(cluster: spec.ClusterSpec) -> list[int]:
@@ -23,7 +23,7 @@ def _ports(cluster: spec.ClusterSpec) -> list[int]:
 
 class MakeLocalClusterTest(absltest.TestCase):
     def test_tasks_in_job_order_on_loopback_with_every_job(self):
-        cluster = local_cluster.make_local_cluster(
+        cluster = ports_lib.make_local_cluster(
             job.JobShape(2, num_ps=1, has_chief=True, has_evaluator=True)
         )
 
@@ -37,7 +37,7 @@ class MakeLocalClusterTest(absltest.TestCase):
         self.assertEqual(hosts, {"127.0.0.1"})
 
     def test_ports_are_distinct_and_bindable_after_return(self):
-        cluster = local_cluster.make_local_cluster(
+        cluster = ports_lib.make_local_cluster(
             job.JobShape(3, num_ps=2, has_chief=True)
         )
 
@@ -62,7 +62,7 @@ class MakeLocalClusterTest(absltest.TestCase):
                 "pick_unused_port",
                 side_effect=lambda: next(candidates, None) or real_pick(),
             ):
-                cluster = local_cluster.make_local_cluster(job.JobShape(2))
+                cluster = ports_lib.make_local_cluster(job.JobShape(2))
 
         ports = _ports(cluster)
         self.assertNotIn(held_port, ports)
@@ -79,11 +79,11 @@ class MakeLocalClusterTest(absltest.TestCase):
                 with self.assertRaisesRegex(
                     errors.LauncherError, r"found only 0 of the 1 free"
                 ):
-                    local_cluster.make_local_cluster(job.JobShape(1))
+                    ports_lib.make_local_cluster(job.JobShape(1))
 
     def test_shape_of_wrong_type_raises_type_error(self):
         with self.assertRaisesRegex(TypeError, r"shape must be a JobShape"):
-            local_cluster.make_local_cluster(2)  # type: ignore[arg-type]
+            ports_lib.make_local_cluster(2)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
-"""The `StrategyExtended` behind `tfdist.LayerPlacementStrategy` (TF private).
+"""The `StrategyExtended` behind `tfdist.LayerPlacementStrategy`.
 
-One replica whose layers live on several devices. TF's `Strategy.run`
-calls `extended.call_for_each_replica`, which only the V1
-`tf.compat.v1.distribute.StrategyExtended` defines, so this class derives
-from it (as every built-in strategy does) and implements the underscore
-hooks that are TF's real strategy contract.
+One replica whose layers live on several devices. TF's strategy contract
+for one replica (its private underscore hooks) is
+`_internal.single_replica.SingleReplicaExtended`; this class decides, through
+that class's public hooks, where variables and ops go.
 
 Variables. Every variable created under the strategy's scope is created on
 the host (`host_device`) until a plan says where it goes, then moved there
@@ -31,10 +30,6 @@ layer's call places its forward ops but not the gradients the tape creates
 (they land on the default device), which is why the backward ops are
 matched by name scope. Layer calls are recorded by the strategy's wrappers
 (`enter_layer_call`) while a step is traced.
-
-Private TF API used (tested range: see setup.py): the `StrategyExtended`
-underscore hooks; `distribute_lib.UpdateContext` (through
-`mirrored_extended.update_context`); `distribute_utils.select_replica`.
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ from typing import Any, ContextManager
 
 import tensorflow as tf
 
-from tfdist._internal import mirrored_extended
+from tfdist._internal import single_replica
 from tfdist._internal import variables as variables_lib
 
 __all__ = ["PlacementExtended"]
@@ -61,7 +56,7 @@ def _short(device: str) -> str:
     return "/device:" + device.rsplit("/device:", 1)[-1] if "/device:" in device else device
 
 
-class PlacementExtended(tf.compat.v1.distribute.StrategyExtended):  # type: ignore[misc]
+class PlacementExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
     """One replica spread over `devices` by layer; see the module docstring.
 
     Args:
@@ -96,7 +91,7 @@ class PlacementExtended(tf.compat.v1.distribute.StrategyExtended):  # type: igno
     # ------------------------------------------------------------------
     # Variables.
 
-    def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+    def create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
         colocate_with = kwargs.pop("colocate_with", None)
         device = self._default_device if colocate_with is None else colocate_with.device
         with tf.device(device):
@@ -185,75 +180,17 @@ class PlacementExtended(tf.compat.v1.distribute.StrategyExtended):  # type: igno
         return getattr(self._active, "last", "")
 
     # ------------------------------------------------------------------
-    # TF's StrategyExtended hooks.
+    # The replica step.
 
-    def _call_for_each_replica(self, fn: Any, args: Any, kwargs: Any) -> Any:
-        args = mirrored_extended.select_replica(0, args)
-        kwargs = mirrored_extended.select_replica(0, kwargs or {})
+    @contextlib.contextmanager
+    def replica_step(self) -> Iterator[None]:
+        """The strategy's replica scope, with the graph device function while tracing."""
         if tf.executing_eagerly():
             device_functions: ContextManager[Any] = contextlib.nullcontext()
         else:
             device_functions = tf.compat.v1.get_default_graph().device(self._op_device)
-        strategy = self._container_strategy()
-        with self._replica_scope(), device_functions, tf.distribute.ReplicaContext(
-            strategy, replica_id_in_sync_group=0
-        ):
-            return fn(*args, **kwargs)
-
-    def _experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
-        return value_fn(tf.distribute.experimental.ValueContext())
-
-    def _reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any) -> Any:
-        del reduce_op, destinations, options  # One replica: the value itself.
-        return mirrored_extended.select_replica(0, value)
-
-    def _gather_to_implementation(
-        self, value: Any, destinations: Any, axis: Any, options: Any
-    ) -> Any:
-        del destinations, axis, options
-        return mirrored_extended.select_replica(0, value)
-
-    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
-        del destinations
-        return tensor
-
-    def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
-        # Keras's optimizers apply every gradient through here: the update
-        # runs on the variable's own device.
-        with tf.device(var.device), mirrored_extended.update_context(0):
-            result = fn(
-                var,
-                *mirrored_extended.select_replica(0, args),
-                **mirrored_extended.select_replica(0, kwargs or {}),
-            )
-        return result if group else tf.nest.map_structure(lambda x: (x,), result)
-
-    def _update_non_slot(
-        self, colocate_with: Any, fn: Any, args: Any, kwargs: Any, group: bool
-    ) -> Any:
-        del colocate_with
-        with mirrored_extended.update_context(0):
-            result = fn(*args, **(kwargs or {}))
-        return result if group else tf.nest.map_structure(lambda x: (x,), result)
-
-    def read_var(self, var: Any) -> Any:
-        return tf.identity(var)
-
-    def value_container(self, value: Any) -> Any:
-        return value
-
-    def _local_results(self, value: Any) -> tuple[Any, ...]:
-        return (value,)
-
-    @property
-    def _num_replicas_in_sync(self) -> int:
-        return 1
-
-    def _get_local_replica_id(self, replica_id_in_sync_group: int) -> int:
-        return replica_id_in_sync_group
-
-    def _in_multi_worker_mode(self) -> bool:
-        return False
+        with self._replica_scope(), device_functions:
+            yield
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
@@ -263,19 +200,3 @@ class PlacementExtended(tf.compat.v1.distribute.StrategyExtended):  # type: igno
     @property
     def parameter_devices(self) -> tuple[str, ...]:
         return self._devices
-
-    @property
-    def experimental_between_graph(self) -> bool:
-        return False
-
-    @property
-    def experimental_should_init(self) -> bool:
-        return True
-
-    @property
-    def should_checkpoint(self) -> bool:
-        return True
-
-    @property
-    def should_save_summary(self) -> bool:
-        return True

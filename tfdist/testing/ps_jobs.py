@@ -29,7 +29,7 @@ from tfdist._internal import ps_runtime
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import TaskSpec
 from tfdist.parameter_server import roles
-from tfdist.testing import cluster as cluster_lib
+from tfdist.testing import local_jobs
 
 __all__ = ["run_local_ps_job", "start_local_ps_cluster"]
 
@@ -92,7 +92,7 @@ def run_local_ps_job(
     env: Mapping[str, str] | None = None,
     isolate: bool | None = None,
     worker_restarts: int = launch.DEFAULT_WORKER_RESTARTS,
-    preload: Sequence[str] = cluster_lib.PRELOAD,
+    preload: Sequence[str] = local_jobs.PRELOAD,
 ) -> Any:
     """Runs `fn(*args)` as every task of a local parameter-server job; returns the chief's value.
 
@@ -131,7 +131,7 @@ def run_local_ps_job(
             f"num_ps={num_ps!r}. Use tfdist.testing.run_local_cluster for jobs "
             "without ps tasks."
         )
-    (value,) = cluster_lib.run_job(
+    (value,) = local_jobs.run_job(
         fn,
         shape=launch.JobShape(num_workers, num_ps=num_ps, has_chief=True),
         kind=launch.JobKind.PARAMETER_SERVER,
