@@ -6,6 +6,7 @@ test process has long imported TensorFlow (tests/conftest.py).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -120,6 +121,27 @@ class PublicNamesTest(parameterized.TestCase):
         self.assertIs(
             tfdist.cluster.to_cluster_resolver, resolver.to_cluster_resolver
         )
+
+    def test_all_lazy_table_and_type_checking_imports_name_the_same_objects(self):
+        # A public name is written in three places of tfdist/__init__.py; one
+        # missed (or pointing at another module) fails here, not in a user's IDE.
+        tree = ast.parse(open(tfdist.__file__, encoding="utf-8").read())
+        type_checking = next(
+            node for node in tree.body
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        )
+        imported = {}
+        for node in type_checking.body:
+            for alias in node.names:
+                imported[alias.asname or alias.name] = node.module
+        lazy = {name: "tfdist" for name in tfdist._SUBPACKAGES}
+        lazy.update(tfdist._ATTRIBUTE_MODULES)
+
+        self.assertCountEqual(tfdist.__all__, lazy)
+        self.assertEqual(imported, {
+            name: module if name not in tfdist._SUBPACKAGES else "tfdist"
+            for name, module in lazy.items()
+        })
 
     def test_dir_lists_every_public_name(self):
         self.assertContainsSubset(tfdist.__all__, dir(tfdist))
