@@ -7,6 +7,8 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python examples/digits.py --data_path=my.npz    # your own data: arrays x (N, F), y (N,)
     python examples/digits.py --strategy=layer_placement --num_microbatches=4 --model=deep_mlp
         # the layers over 4 CPUs, pipelined; prints where each layer went
+    python examples/digits.py --strategy=mesh --mesh=2x2   # Keras 3: batches over 2 rows,
+        # each hidden layer's weights split over 2 columns; prints every variable's layout
     python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=multi_worker
     python -m tfdist.launch --chief --workers 2 --ps 2 -- python -u examples/digits.py \
         --strategy=parameter_server          # variables on 2 ps, steps on 2 workers
@@ -15,7 +17,8 @@ A single-device Keras script plus the lines marked `# tfdist:`.
         # the workers read their batches from a tf.data service in the chief
 
 Prints Keras's progress bar, then per-epoch test accuracy and examples/s
-(with --strategy=layer_placement also the placement report).
+(with --strategy=layer_placement also the placement report, with
+--strategy=mesh the layout report).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ import tfdist
 
 _STRATEGY = flags.DEFINE_enum(
     "strategy", "mirrored",
-    ["mirrored", "multi_worker", "parameter_server", "layer_placement", "tf_mirrored",
-     "single"],
+    ["mirrored", "multi_worker", "parameter_server", "layer_placement", "mesh",
+     "tf_mirrored", "single"],
     "mirrored: tfdist.MirroredStrategy; multi_worker: "
     "tfdist.MultiWorkerMirroredStrategy over the TF_CONFIG cluster; "
     "parameter_server: tfdist.ParameterServerStrategy (asynchronous) over "
@@ -45,6 +48,8 @@ _STRATEGY = flags.DEFINE_enum(
     "in-process cluster of 2 workers and 2 ps; "
     "layer_placement: tfdist.LayerPlacementStrategy (the layers in stages "
     "over the devices, --num_microbatches per step); "
+    "mesh: tfdist.MeshStrategy (Keras 3; --mesh rows split each batch, columns "
+    "split the hidden layers' weights, Megatron's column-then-row pairs); "
     "tf_mirrored: tf.distribute's built-in MirroredStrategy; single: one "
     "device, no strategy.")
 _SIMULATE_CPU_DEVICES = flags.DEFINE_integer(
@@ -61,6 +66,11 @@ _NUM_MICROBATCHES = flags.DEFINE_integer(
     "num_microbatches", 4,
     "Microbatches per step, M (--strategy=layer_placement): the stages idle "
     "(S - 1) / (M + S - 1) of each step.", lower_bound=1)
+_MESH = flags.DEFINE_string(
+    "mesh", "2x2",
+    "BATCHxMODEL devices of the mesh (--strategy=mesh): BATCH rows each take a "
+    "slice of every batch, MODEL columns each hold a slice of every hidden "
+    "layer; BATCH * MODEL must be the number of devices.")
 _MODEL = flags.DEFINE_enum(
     "model", "mlp", ["mlp", "deep_mlp"],
     "mlp: Dense 128-64; deep_mlp: 8 x Dense(512), enough work per layer "
@@ -94,6 +104,7 @@ class TrainConfig:
     all_reduce: str = "auto"
     compression: str | None = None
     num_microbatches: int = 4
+    mesh: str = "2x2"
     model: str = "mlp"
     global_batch_size: int = 64
     epochs: int = 8
@@ -154,8 +165,9 @@ def build_model(num_features: int, num_classes: int, learning_rate: float,
     widths = [128, 64] if kind == "mlp" else [512] * 8
     model = keras.Sequential(
         [keras.Input((num_features,))]
-        + [keras.layers.Dense(width, activation="relu") for width in widths]
-        + [keras.layers.Dense(num_classes)])
+        + [keras.layers.Dense(width, activation="relu", name=f"dense_hidden_{i}")
+           for i, width in enumerate(widths)]
+        + [keras.layers.Dense(num_classes, name="dense_logits")])
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -189,6 +201,16 @@ def make_strategy(config: TrainConfig):
     if config.strategy == "layer_placement":
         # tfdist: the layers in stages over all local devices, M microbatches a step.
         return tfdist.LayerPlacementStrategy(num_microbatches=config.num_microbatches)
+    if config.strategy == "mesh":
+        rows, columns = (int(n) for n in config.mesh.lower().split("x"))
+        # tfdist: hidden layers in Megatron's pairs: an even one's output columns
+        # split over the mesh's "model" axis, the next one's input rows.
+        layout_map = {
+            r".*dense_hidden_\d*[02468]/kernel": (None, "model"),
+            r".*dense_hidden_\d*[02468]/bias": ("model",),
+            r".*dense_hidden_\d*[13579]/kernel": ("model", None),
+        }
+        return tfdist.MeshStrategy({"batch": rows, "model": columns}, layout_map=layout_map)
     # tfdist: all local devices.
     return tfdist.MirroredStrategy(all_reduce=config.all_reduce, compression=config.compression)
 
@@ -225,6 +247,8 @@ def train(config: TrainConfig) -> TrainResult:
             model.save_weights(os.path.join(scratch, "digits.weights.h5"))
     if config.strategy == "layer_placement":  # tfdist: where each layer ran.
         print(strategy.placement_report(), flush=True)
+    if config.strategy == "mesh":  # tfdist: how each variable is split.
+        print(strategy.layout_report(), flush=True)
     steady = throughput.rates[1:] or throughput.rates  # Epoch 1 includes tracing.
     result = TrainResult(float(accuracy), float(np.median(steady)),
                          strategy.num_replicas_in_sync)
@@ -243,6 +267,7 @@ def main(argv: Sequence[str]) -> None:
         all_reduce=_ALL_REDUCE.value,
         compression=_COMPRESSION.value,
         num_microbatches=_NUM_MICROBATCHES.value,
+        mesh=_MESH.value,
         model=_MODEL.value,
         global_batch_size=_GLOBAL_BATCH_SIZE.value,
         epochs=_EPOCHS.value,

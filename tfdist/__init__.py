@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist.devices import local_devices
     from tfdist.devices import simulate_cpu_devices
     from tfdist.placement.strategy import LayerPlacementStrategy
+    from tfdist.mesh.strategy import MeshStrategy
     from tfdist.mirrored import MirroredStrategy
     from tfdist.multi_worker import MultiWorkerMirroredStrategy
     from tfdist.parameter_server.strategy import ParameterServerStrategy
@@ -61,6 +62,7 @@ __all__ = [
     "AllReduce",
     "AutoAllReduce",
     "LayerPlacementStrategy",
+    "MeshStrategy",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "ParameterServerStrategy",
@@ -96,6 +98,7 @@ _ATTRIBUTE_MODULES = {
     "local_devices": "tfdist.devices",
     "simulate_cpu_devices": "tfdist.devices",
     "LayerPlacementStrategy": "tfdist.placement.strategy",
+    "MeshStrategy": "tfdist.mesh.strategy",
     "MirroredStrategy": "tfdist.mirrored",
     "MultiWorkerMirroredStrategy": "tfdist.multi_worker",
     "ParameterServerStrategy": "tfdist.parameter_server.strategy",

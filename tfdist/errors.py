@@ -13,6 +13,8 @@ Hierarchy::
      |    +-- LauncherError                          bad launcher arguments
      |    +-- PlacementError                         a layer placement that
      |                                               cannot apply to the model
+     |    +-- LayoutError                            a device mesh or a layout
+     |                                               that does not fit
      +-- CollectiveError(TfdistError, RuntimeError)  a collective failed
           +-- WorkerUnavailableError                 a peer task is lost
           +-- CollectiveTimeoutError                 a wait ran past timeout_s
@@ -30,6 +32,7 @@ __all__ = [
     "ConfigError",
     "DeviceConfigError",
     "LauncherError",
+    "LayoutError",
     "PlacementError",
     "TfdistError",
     "WorkerUnavailableError",
@@ -84,6 +87,15 @@ class PlacementError(ConfigError):
     Raised when a strategy plans a model (at its first step, or when asked):
     a placement map naming layers the model lacks, more stages than layers,
     a step that cannot be split into microbatches.
+    """
+
+
+class LayoutError(ConfigError):
+    """A device mesh or a variable's layout does not fit what it meets.
+
+    Raised by `tfdist.MeshStrategy` before training: a mesh whose size is not
+    the number of its devices, a layout or `batch_dim_name` naming an axis
+    the mesh lacks, a sharded dimension its mesh axis does not divide.
     """
 
 

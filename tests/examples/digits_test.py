@@ -67,6 +67,15 @@ class DigitsExampleTest(parameterized.TestCase):
         for stage in range(4):
             self.assertRegex(result.stdout, rf"\n  dense\S*  +/device:CPU:{stage}  stage {stage}\n")
 
+    def test_mesh_prints_the_layout_report(self):
+        result = _run(["--strategy=mesh", "--mesh=2x2"], extra_env={"TF_USE_LEGACY_KERAS": "0"})
+        self.assertEqual(result.returncode, 0, msg=result.stderr[-3000:])
+        self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
+        # Megatron's pair: the first hidden layer by output columns, the second by input rows.
+        self.assertRegex(result.stdout, r"dense_hidden_0/kernel \| \(64, 128\) \| \(None, 'model'\) \| 16384")
+        self.assertRegex(result.stdout, r"dense_hidden_1/kernel \| \(128, 64\) \| \('model', None\) \| 16384")
+        self.assertIn("Mesh batch=2 x model=2", result.stdout)
+
     def test_multi_worker_runs_under_the_launcher(self):
         model_dir = self.create_tempdir().full_path
         result = _run(

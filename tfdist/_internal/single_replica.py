@@ -10,10 +10,12 @@ and exposes what a subclass decides through public names:
   creates (`colocate_with` among the kwargs for an optimizer slot);
 - `replica_step()`: the context every replica step (`strategy.run`) runs
   in, entered inside TF's replica context;
+- `update_variable(var, fn, args, kwargs)`: how `StrategyExtended.update`
+  (Keras's optimizers apply every gradient through it) runs `fn(var,
+  *args, **kwargs)`; by default on the variable's own device;
 - `container_strategy()`: the `tf.distribute.Strategy` this extends.
 
-Reductions, gathers and broadcasts of one replica return the value itself;
-`update` runs each variable's update on the variable's own device.
+Reductions, gathers and broadcasts of one replica return the value itself.
 
 Private TF API used (tested range: see setup.py): the `StrategyExtended`
 underscore hooks; `distribute_lib.UpdateContext` and
@@ -47,6 +49,11 @@ class SingleReplicaExtended(tf.compat.v1.distribute.StrategyExtended):  # type: 
         """The context each replica step runs in; none by default."""
         return contextlib.nullcontext()
 
+    def update_variable(self, var: Any, fn: Any, args: Any, kwargs: Any) -> Any:
+        """Runs `fn(var, *args, **kwargs)` for `update`; by default on `var`'s device."""
+        with tf.device(var.device):
+            return fn(var, *args, **kwargs)
+
     # ------------------------------------------------------------------
     # TF's StrategyExtended hooks.
 
@@ -79,13 +86,13 @@ class SingleReplicaExtended(tf.compat.v1.distribute.StrategyExtended):  # type: 
         return tensor
 
     def _update(self, var: Any, fn: Any, args: Any, kwargs: Any, group: bool) -> Any:
-        # Keras's optimizers apply every gradient through here: the update
-        # runs on the variable's own device.
-        with tf.device(var.device), mirrored_extended.update_context(0):
-            result = fn(
+        # Keras's optimizers apply every gradient through here.
+        with mirrored_extended.update_context(0):
+            result = self.update_variable(
                 var,
-                *mirrored_extended.select_replica(0, args),
-                **mirrored_extended.select_replica(0, kwargs or {}),
+                fn,
+                mirrored_extended.select_replica(0, args),
+                mirrored_extended.select_replica(0, kwargs or {}),
             )
         return result if group else tf.nest.map_structure(lambda x: (x,), result)
 

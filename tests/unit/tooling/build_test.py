@@ -80,6 +80,7 @@ LAYERS: dict[str, int] = {
     "mirrored": 5,
     "multi_worker": 5,
     "placement": 5,  # Its strategy; its planner (plan, report) imports no TensorFlow.
+    "mesh": 5,  # Its strategy; its mesh and layout checks (layouts) import no TensorFlow.
     "testing": 6,  # "may import any public API".
     "__init__": 7,
 }
@@ -100,6 +101,8 @@ NO_TENSORFLOW = (
     "tfdist/placement/__init__.py",  # `import tfdist.placement` loads no TensorFlow.
     "tfdist/placement/plan.py",
     "tfdist/placement/report.py",
+    "tfdist/mesh/__init__.py",  # `import tfdist.mesh` loads no TensorFlow: layouts are checked first.
+    "tfdist/mesh/layouts.py",
     "tfdist/errors.py",  # ARCHITECTURE.md: the errors layer imports no TensorFlow.
     "tfdist/_validation.py",
     "tfdist/layers/hash_ring.py",  # Pure NumPy.

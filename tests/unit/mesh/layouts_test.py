@@ -1,0 +1,96 @@
+"""Meshes and layouts are checked before anything is built: each mistake a LayoutError naming it."""
+
+from __future__ import annotations
+
+from absl.testing import absltest
+
+from tfdist import errors
+from tfdist.mesh import layouts
+
+DEVICES = tuple(f"/device:CPU:{i}" for i in range(4))
+
+
+class _KerasLikeMesh:
+    """Keras's DeviceMesh, as the public attributes tfdist reads (no Keras import)."""
+
+    def __init__(self, shape, axis_names, devices):
+        self.shape, self.axis_names, self.devices = shape, axis_names, devices
+
+
+class MeshSpecTest(absltest.TestCase):
+    def test_dict_places_axes_over_local_devices_in_order(self):
+        spec = layouts.MeshSpec.from_user({"batch": 2, "model": 2}, DEVICES)
+        self.assertEqual(spec.axis_names, ("batch", "model"))
+        self.assertEqual(spec.shape, (2, 2))
+        self.assertEqual(spec.devices, DEVICES)
+        self.assertEqual(spec.axis_size("model"), 2)
+
+    def test_keras_mesh_brings_its_own_devices(self):
+        spec = layouts.MeshSpec.from_user(
+            _KerasLikeMesh((1, 2), ("batch", "model"), ["cpu:2", "cpu:3"]), DEVICES
+        )
+        self.assertEqual(spec.devices, ("cpu:2", "cpu:3"))
+
+    def test_size_other_than_device_count_names_both_and_the_fix(self):
+        with self.assertRaisesRegex(errors.LayoutError, r"6 positions \(3 x 2\) but 4 device.*simulate more"):
+            layouts.MeshSpec.from_user({"batch": 3, "model": 2}, DEVICES)
+        with self.assertRaisesRegex(errors.LayoutError, r"2 positions .* but 4 device.*fewer devices"):
+            layouts.MeshSpec.from_user({"batch": 2}, DEVICES)
+
+    def test_bad_shapes_and_names_raise(self):
+        for mesh, pattern in (
+            ({}, "one or more named axes"),
+            ({"batch": 0, "model": 4}, "size of 1 or more"),
+            ({"batch": 2.0, "model": 2}, "size of 1 or more"),
+            ("2x2", "must be a keras.distribution.DeviceMesh or a dict"),
+        ):
+            with self.subTest(mesh=mesh), self.assertRaisesRegex(errors.LayoutError, pattern):
+                layouts.MeshSpec.from_user(mesh, DEVICES)
+        with self.assertRaisesRegex(errors.LayoutError, "distinct"):
+            layouts.MeshSpec.from_user(_KerasLikeMesh((2, 2), ("a", "a"), list(DEVICES)), DEVICES)
+
+
+class LayoutRulesTest(absltest.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.mesh = layouts.MeshSpec.from_user({"batch": 2, "model": 2}, DEVICES)
+
+    def test_whole_path_match_gives_its_axes_and_others_stay_whole(self):
+        rules = layouts.LayoutRules.from_user({".*dense/kernel": (None, "model")}, self.mesh)
+        self.assertEqual(rules.axes_for("sequential/dense/kernel", (8, 16)), (None, "model"))
+        # fullmatch, as Keras's LayoutMap: "dense/kernel" alone does not match a longer path.
+        self.assertEqual(rules.axes_for("sequential/dense/kernel_2", (8, 16)), (None, None))
+        self.assertEqual(rules.axes_for("adam/iteration", ()), ())
+
+    def test_axis_the_mesh_lacks_names_the_axes_it_has(self):
+        with self.assertRaisesRegex(errors.LayoutError, r"axis 'tensor'.*\['batch', 'model'\]"):
+            layouts.LayoutRules.from_user({"k": (None, "tensor")}, self.mesh)
+
+    def test_one_axis_for_two_dimensions_raises(self):
+        with self.assertRaisesRegex(errors.LayoutError, "two dimensions over one mesh axis"):
+            layouts.LayoutRules.from_user({"k": ("model", "model")}, self.mesh)
+
+    def test_bad_pattern_raises(self):
+        with self.assertRaisesRegex(errors.LayoutError, "not a regular expression"):
+            layouts.LayoutRules.from_user({"dense[": ("model",)}, self.mesh)
+
+    def test_dimension_the_axis_does_not_divide_names_variable_shape_and_sizes_that_work(self):
+        mesh = layouts.MeshSpec.from_user({"batch": 2, "model": 4}, DEVICES * 2)
+        rules = layouts.LayoutRules.from_user({".*kernel": (None, "model")}, mesh)
+        with self.assertRaisesRegex(
+            errors.LayoutError,
+            r"'dense/kernel' of shape \(8, 6\) cannot split dimension 1 \(6\) over mesh axis "
+            r"'model' of size 4.*\(batch=2\)",
+        ):
+            rules.axes_for("dense/kernel", (8, 6))
+
+    def test_rank_mismatch_and_two_matching_patterns_raise(self):
+        rules = layouts.LayoutRules.from_user({".*kernel": (None, "model"), "dense.*": ("model",)}, self.mesh)
+        with self.assertRaisesRegex(errors.LayoutError, "has 2 entries but variable 'x/kernel'"):
+            rules.axes_for("x/kernel", (8,))
+        with self.assertRaisesRegex(errors.LayoutError, "matches 2 layout_map keys"):
+            rules.axes_for("dense/kernel", (8, 16))
+
+
+if __name__ == "__main__":
+    absltest.main()

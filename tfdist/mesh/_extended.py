@@ -1,0 +1,157 @@
+"""The `StrategyExtended` behind `tfdist.MeshStrategy`: every variable a DTensor on the mesh.
+
+One replica, as Keras sees it: the whole mesh runs each step as one
+program (DTensor's SPMD), so Keras's loss needs no per-replica scaling and
+its reductions and gradient sums are of one value. TF's one-replica
+contract is `_internal/single_replica.SingleReplicaExtended`; this class
+decides, through its public hooks, that every variable created under the
+strategy's scope is a `MeshVariable` laid out by the layout rules:
+
+- a Keras 3 variable by its path (`model.weights[i].path`, found from the
+  variable being created, `keras_ps.creating_keras3_variable`);
+- an optimizer slot (Keras creates it with `colocate_with` its variable)
+  like its variable, when it has its variable's shape;
+- anything else (metrics' totals, the optimizer's step) whole on every device.
+
+Every layout chosen is recorded for `MeshStrategy.layout_report()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfdist import errors
+from tfdist._internal import keras_ps
+from tfdist._internal import single_replica
+from tfdist.mesh import _dtensor
+from tfdist.mesh import layouts as layouts_lib
+
+__all__ = ["MeshExtended", "VariableLayout"]
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableLayout:
+    """One variable the scope created, as the layout report lists it.
+
+    Attributes:
+      path: Its Keras path (or TF name where Keras gives none).
+      shape: Its whole shape.
+      axes: The mesh axis each dimension is split over (None: whole).
+      dtype_size: Bytes per element.
+      slices: Into how many parts its elements are split (the product of its
+        split axes' sizes); each device holds 1 / `slices` of it.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    axes: layouts_lib.Axes
+    dtype_size: int
+    slices: int
+
+    @property
+    def bytes_per_device(self) -> int:
+        """The bytes of this variable each device holds."""
+        count = 1
+        for extent in self.shape:
+            count *= extent
+        return count * self.dtype_size // self.slices
+
+
+class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
+    """One replica spanning the mesh; see the module docstring.
+
+    Args:
+      container_strategy: The `tf.distribute.Strategy` this extends.
+      mesh: DTensor's mesh.
+      rules: Which layout each variable gets.
+    """
+
+    def __init__(
+        self,
+        container_strategy: tf.distribute.Strategy,
+        *,
+        mesh: dtensor.Mesh,
+        rules: layouts_lib.LayoutRules,
+        batch_dim_name: str,
+    ) -> None:
+        super().__init__(container_strategy)
+        self.mesh = mesh
+        self.rules = rules
+        self.batch_dim_name = batch_dim_name
+        self.created: list[VariableLayout] = []
+
+    def create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+        del next_creator  # DTensor makes the variable: no plain tf.Variable is created.
+        initial_value = kwargs["initial_value"]
+        reference = kwargs.get("colocate_with")
+        keras_variable = keras_ps.creating_keras3_variable()
+        with tf.init_scope():
+            value = initial_value() if callable(initial_value) else initial_value
+            value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
+            shape = tuple(int(s) for s in value.shape)
+            path = getattr(keras_variable, "path", None) or kwargs.get("name") or "variable"
+            if reference is not None and tuple(reference.shape) == shape:
+                target = dtensor.fetch_layout(reference)
+                axes = tuple(
+                    None if spec == dtensor.UNSHARDED else spec for spec in target.sharding_specs
+                )
+            else:
+                axes = self.rules.axes_for(path, shape)
+                target = _dtensor.layout(self.mesh, axes)
+            slices = 1
+            for axis in axes:
+                if axis is not None:
+                    slices *= self.rules.mesh.axis_size(axis)
+            self.created.append(
+                VariableLayout(path, shape, axes, value.dtype.size, slices)
+            )
+            return _dtensor.MeshVariable(
+                _dtensor.to_mesh(value, target),
+                trainable=kwargs.get("trainable", True),
+                name=kwargs.get("name"),
+            )
+
+    def update_variable(self, var: Any, fn: Any, args: Any, kwargs: Any) -> Any:
+        # DTensor places the update on the devices holding each slice.
+        for arg in args:
+            if isinstance(arg, tf.IndexedSlices):
+                self._check_row_update(var)
+        return fn(var, *args, **kwargs)
+
+    def _check_row_update(self, var: Any) -> None:
+        """Refuses a row update (an embedding's gradient) DTensor would apply wrongly.
+
+        Keras applies an `IndexedSlices` gradient with row scatters. Where the
+        batch is split, or the variable is, TF 2.21's DTensor reorders the
+        optimizer's reads and writes around them: seen on 4 logical CPUs,
+        Adam's update of the model's other variables then reads its moments
+        before they were written, and those variables do not move. Only a
+        whole variable on a mesh whose batch axis has size 1 is applied as on
+        one device.
+        """
+        batch = self.rules.mesh.axis_size(self.batch_dim_name)
+        split = [a for a in var.layout.sharding_specs if a != dtensor.UNSHARDED]
+        if batch == 1 and not split:
+            return
+        raise errors.LayoutError(
+            f"variable {var.name!r} gets row gradients (an embedding lookup's), which "
+            f"MeshStrategy cannot apply yet with the batch split over {batch} devices "
+            f"(batch_dim_name={self.batch_dim_name!r}) or the variable split "
+            f"({var.layout.sharding_specs}): TF's DTensor reorders the optimizer's reads "
+            "and writes around them and training silently diverges from one device. "
+            "Use a mesh whose batch axis has size 1 and keep this variable whole "
+            "(leave it out of layout_map)."
+        )
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        return tuple(self.rules.mesh.devices)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        return tuple(self.rules.mesh.devices)
+

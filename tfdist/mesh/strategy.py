@@ -1,0 +1,264 @@
+"""tfdist.MeshStrategy: tensor (intra-layer) and data parallelism over a device mesh.
+
+    mesh = keras.distribution.DeviceMesh((2, 2), ("batch", "model"), devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*dense.*kernel"] = (None, "model")     # column-parallel Dense
+    layout_map[".*dense_1.*kernel"] = ("model", None)   # row-parallel Dense
+    strategy = tfdist.MeshStrategy(mesh, layout_map=layout_map, batch_dim_name="batch")
+    with strategy.scope():
+        model = build_model()
+        model.compile(...)
+    model.fit(dataset, epochs=3)
+    print(strategy.layout_report())
+
+How it runs (ARCHITECTURE.md, "The mesh strategy"): TF's DTensor holds every
+variable the scope creates as one slice per device of the mesh, split as
+its layout says (`_extended.py`); each batch goes onto the mesh split along
+`batch_dim_name` (whole along the other axes); the step runs as one program
+on all devices, and DTensor's SPMD expansion adds the collectives the
+layouts need: for a column-then-row Dense pair, one all-reduce of the
+activations forward and one backward (as Megatron-LM pairs them), and the
+gradients' all-reduce over the batch axis. So the model trains as on one
+device with the same global batch, up to float32 rounding.
+
+Keras's loop: Keras 3 reads each batch through the strategy's dataset
+(`experimental_distribute_dataset`, which yields batches already on the
+mesh), and the strategy gives the model, for this model only, step
+functions that compile Keras's own `train_step` / `test_step` /
+`predict_step` once per input signature and call them on those batches
+(`tfdist/_internal/keras_ps.install_functions`, as the parameter-server
+strategy does). A custom loop iterates the distributed dataset eagerly and
+calls a `tf.function` with each batch, inside `strategy.run` or not.
+
+Limits of this version: Keras 3 only (under tf-keras the constructor raises
+`ConfigError`); one process (the mesh is this process's devices); layouts
+are given (`layout_map=None` raises `LayoutError`: automatic layouts are
+not implemented yet); a last batch the batch axis does not divide runs
+whole on every device (correct, not split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfdist import devices as devices_lib
+from tfdist import errors
+from tfdist._internal import keras_ps
+from tfdist._internal import tf_keras_sharded
+from tfdist.mesh import _dtensor
+from tfdist.mesh import _extended
+from tfdist.mesh import layouts as layouts_lib
+
+__all__ = ["MeshStrategy"]
+
+
+class MeshStrategy(tf.distribute.Strategy):
+    """Splits variables over a device mesh by layout, and batches over one axis of it.
+
+    Args:
+      mesh: A `keras.distribution.DeviceMesh`, or `{axis_name: size}` over
+        this process's devices (`tfdist.local_devices()`, in order; e.g.
+        `{"batch": 2, "model": 2}` on 4 devices).
+      layout_map: A `keras.distribution.LayoutMap` or a dict from a regular
+        expression matching a variable's whole Keras path (`variable.path`,
+        e.g. "sequential/dense/kernel") to its axes: one entry per
+        dimension, a mesh axis name (split over that axis) or None (whole).
+        Unmatched variables are whole on every device; an optimizer's slots
+        follow their variable. `{}` keeps every variable whole (data
+        parallelism only).
+      batch_dim_name: The mesh axis each batch is split over (data
+        parallelism); by default the mesh's first axis, as in Keras's
+        `ModelParallel`.
+
+    Raises:
+      LayoutError: A mesh whose size is not its number of devices, a layout
+        naming an axis the mesh lacks, a `batch_dim_name` not in the mesh,
+        `layout_map=None`; when the model is built, a variable whose split
+        dimension its axis does not divide (naming the variable).
+      ConfigError: Under tf-keras.
+    """
+
+    def __init__(
+        self,
+        mesh: Any,
+        layout_map: Any = None,
+        batch_dim_name: str | None = None,
+    ) -> None:
+        if tf_keras_sharded.legacy_keras():
+            raise errors.ConfigError(
+                "MeshStrategy runs Keras 3 models; this process uses tf-keras "
+                "(TF_USE_LEGACY_KERAS is set). Unset TF_USE_LEGACY_KERAS, or use "
+                "another tfdist strategy under tf-keras."
+            )
+        local = () if isinstance(mesh, layouts_lib.MeshSpec) or not isinstance(mesh, Mapping) else devices_lib.local_devices()
+        spec = layouts_lib.MeshSpec.from_user(mesh, local)
+        if layout_map is None:
+            raise errors.LayoutError(
+                "layout_map=None asks for automatic layouts, which MeshStrategy does not "
+                "choose yet. Pass a layout_map (a keras.distribution.LayoutMap or "
+                "{pattern: axes}); {} keeps every variable whole."
+            )
+        rules = layouts_lib.LayoutRules.from_user(layout_map, spec)
+        batch_dim_name = spec.axis_names[0] if batch_dim_name is None else batch_dim_name
+        if batch_dim_name not in spec.axis_names:
+            raise errors.LayoutError(
+                f"batch_dim_name={batch_dim_name!r} is not an axis of the mesh, whose axes "
+                f"are {list(spec.axis_names)}. Name the axis batches are split over."
+            )
+        self._spec = spec
+        self._batch_dim_name = batch_dim_name
+        self._mesh = _dtensor.make_mesh(spec)
+        super().__init__(
+            _extended.MeshExtended(self, mesh=self._mesh, rules=rules, batch_dim_name=batch_dim_name)
+        )
+
+    @property
+    def mesh(self) -> layouts_lib.MeshSpec:
+        """Axis names, shape and devices of the strategy's mesh."""
+        return self._spec
+
+    @property
+    def batch_dim_name(self) -> str:
+        """The mesh axis batches are split over."""
+        return self._batch_dim_name
+
+    def layout_report(self) -> str:
+        """Every variable the scope created: its shape, layout and bytes per device.
+
+        A markdown table, one row per variable in creation order (model
+        weights, then the optimizer's slots and counters, then metrics),
+        and the total bytes one device holds against what one device
+        would hold without the mesh.
+        """
+        rows = [
+            "| variable | shape | layout | bytes per device |",
+            "|---|---|---|---|",
+        ]
+        held = whole = 0
+        for entry in self.extended.created:
+            rows.append(
+                f"| {entry.path} | {entry.shape} | {entry.axes} | {entry.bytes_per_device} |"
+            )
+            held += entry.bytes_per_device
+            whole += entry.bytes_per_device * entry.slices
+        mesh = " x ".join(f"{n}={s}" for n, s in zip(self._spec.axis_names, self._spec.shape))
+        rows.append(f"\nMesh {mesh}: each device holds {held} bytes of variables ({whole} unsplit).")
+        return "\n".join(rows)
+
+    # ------------------------------------------------------------------
+    # Input.
+
+    def experimental_distribute_dataset(
+        self, dataset: tf.data.Dataset, options: tf.distribute.InputOptions | None = None
+    ) -> Any:
+        """`dataset`'s batches on the mesh, each split along `batch_dim_name`.
+
+        Returns an iterable (not a `tf.data.Dataset`): iterate it eagerly.
+        Called by Keras 3's `fit`/`evaluate`/`predict`, it also gives the
+        model the strategy's step functions (module docstring).
+        """
+        del options
+        call = keras_ps.calling_model()
+        if call is not None:
+            self._install_step_functions(call.model)
+        return MeshDataset(dataset, self)
+
+    def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
+        """`dataset_fn(InputContext())` as `experimental_distribute_dataset` gives it (one pipeline)."""
+        return self.experimental_distribute_dataset(dataset_fn(tf.distribute.InputContext()), options)
+
+    def on_mesh(self, batch: Any) -> Any:
+        """`batch` (a nest of tensors) on the mesh, split along `batch_dim_name` where it divides.
+
+        A batch whose first dimension the batch axis does not divide (an
+        epoch's short last batch) goes whole to every device: correct, not
+        split.
+        """
+        size = self._spec.axis_size(self._batch_dim_name)
+
+        def place(value: Any) -> Any:
+            value = tf.convert_to_tensor(value)
+            rank = value.shape.rank
+            if rank and value.shape[0] is not None and value.shape[0] % size == 0:
+                axes: tuple[str | None, ...] = (self._batch_dim_name,) + (None,) * (rank - 1)
+            else:
+                axes = (None,) * (rank or 0)
+            return _dtensor.to_mesh(value, _dtensor.layout(self._mesh, axes))
+
+        return tf.nest.map_structure(place, batch)
+
+    # ------------------------------------------------------------------
+    # Keras's loop.
+
+    def _install_step_functions(self, model: Any) -> None:
+        if keras_ps.installed_owner(model) is self:
+            return
+        strategy = self
+
+        def compiled(step: Any) -> Any:
+            return tf.function(lambda data: strategy.run(step, args=(data,)))
+
+        train, test, predict = (
+            compiled(model.train_step), compiled(model.test_step), compiled(model.predict_step),
+        )
+
+        def steps(function: Any) -> Any:
+            def run(iterator: Iterator[Any]) -> Any:
+                logs = None
+                for index in range(keras_ps.steps_per_execution(model)):
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        if index == 0:
+                            raise
+                        break
+                    logs = function(batch)
+                return logs
+
+            return run
+
+        def predict_batches(data: Any) -> Any:
+            # Keras 3 passes predict the list of batches it read.
+            batches = data if isinstance(data, list) else [next(data)]
+            outputs = [
+                tf.nest.map_structure(lambda t: dtensor.unpack(_dtensor.whole(t))[0], predict(b))
+                for b in batches
+            ]
+            if len(outputs) == 1:
+                return outputs[0]
+            return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *outputs)
+
+        keras_ps.install_functions(
+            model,
+            self,
+            train=steps(train),
+            test=steps(test),
+            predict=predict_batches,
+            metrics_barrier=lambda: None,
+        )
+
+
+class MeshDataset:
+    """A dataset whose batches arrive on the mesh (`MeshStrategy.on_mesh`); iterate eagerly.
+
+    Args:
+      dataset: The batched `tf.data.Dataset`.
+      strategy: The strategy whose mesh the batches go to.
+    """
+
+    def __init__(self, dataset: tf.data.Dataset, strategy: MeshStrategy) -> None:
+        self._dataset = dataset
+        self._strategy = strategy
+
+    @property
+    def element_spec(self) -> Any:
+        """The dataset's element spec (of one whole batch)."""
+        return self._dataset.element_spec
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self._dataset:
+            yield self._strategy.on_mesh(batch)
