@@ -7,7 +7,7 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python examples/digits.py --data_path=my.npz    # your own data: arrays x (N, F), y (N,)
     python examples/digits.py --strategy=layer_placement --num_microbatches=4 --model=deep_mlp
         # the layers over 4 CPUs, pipelined; prints where each layer went
-    python examples/digits.py --strategy=mesh --mesh=2x2   # Keras 3: batches over 2 rows,
+    python examples/digits.py --strategy=mesh --mesh=2x2   # batches over 2 rows (tf-keras: 1xN),
         # each hidden layer's weights split over 2 columns; prints every variable's layout
     python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=multi_worker
     python -m tfdist.launch --chief --workers 2 --ps 2 -- python -u examples/digits.py \

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist import errors
     from tfdist import launch
     from tfdist import layers
+    from tfdist import mesh
     from tfdist import placement
     from tfdist import testing
     from tfdist.collectives import AllReduce
@@ -76,6 +77,7 @@ __all__ = [
     "launch",
     "layers",
     "local_devices",
+    "mesh",
     "placement",
     "simulate_cpu_devices",
     "testing",
@@ -87,7 +89,7 @@ __version__ = "0.1.0"
 # Nothing is imported until first used (PEP 562), so `import tfdist.cluster`
 # or `python -m tfdist.launch` does not wait seconds for TensorFlow.
 _SUBPACKAGES = frozenset(
-    {"cluster", "collectives", "data", "errors", "launch", "layers", "placement", "testing"}
+    {"cluster", "collectives", "data", "errors", "launch", "layers", "mesh", "placement", "testing"}
 )
 _ATTRIBUTE_MODULES = {
     "AllReduce": "tfdist.collectives",

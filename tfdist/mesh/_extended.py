@@ -8,7 +8,8 @@ decides, through its public hooks, that every variable created under the
 strategy's scope is a `MeshVariable` laid out by the layout rules:
 
 - a Keras 3 variable by its path (`model.weights[i].path`, found from the
-  variable being created, `keras_ps.creating_keras3_variable`);
+  variable being created, `keras_ps.creating_keras3_variable`), a tf-keras
+  one by its name scope and name ("dense/kernel", its name without ":0");
 - an optimizer slot (Keras creates it with `colocate_with` its variable)
   like its variable, when it has its variable's shape;
 - anything else (metrics' totals, the optimizer's step) whole on every device.
@@ -19,6 +20,7 @@ Every layout chosen is recorded for `MeshStrategy.layout_report()`.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import tensorflow as tf
@@ -44,6 +46,7 @@ class VariableLayout:
       dtype_size: Bytes per element.
       slices: Into how many parts its elements are split (the product of its
         split axes' sizes); each device holds 1 / `slices` of it.
+      reason: Which rule chose the layout.
     """
 
     path: str
@@ -51,6 +54,7 @@ class VariableLayout:
     axes: layouts_lib.Axes
     dtype_size: int
     slices: int
+    reason: str
 
     @property
     def bytes_per_device(self) -> int:
@@ -67,7 +71,8 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
     Args:
       container_strategy: The `tf.distribute.Strategy` this extends.
       mesh: DTensor's mesh.
-      rules: Which layout each variable gets.
+      rules: Which layout each variable gets: the user's `layout_map`, or
+        the automatic rules.
     """
 
     def __init__(
@@ -75,7 +80,7 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
         container_strategy: tf.distribute.Strategy,
         *,
         mesh: dtensor.Mesh,
-        rules: layouts_lib.LayoutRules,
+        rules: layouts_lib.LayoutRules | layouts_lib.AutomaticLayouts,
         batch_dim_name: str,
     ) -> None:
         super().__init__(container_strategy)
@@ -83,37 +88,48 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
         self.rules = rules
         self.batch_dim_name = batch_dim_name
         self.created: list[VariableLayout] = []
+        self._variables: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
     def create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
         del next_creator  # DTensor makes the variable: no plain tf.Variable is created.
         initial_value = kwargs["initial_value"]
         reference = kwargs.get("colocate_with")
         keras_variable = keras_ps.creating_keras3_variable()
+        scope = tf.get_current_name_scope()  # tf-keras: the layer's; init_scope resets it.
         with tf.init_scope():
             value = initial_value() if callable(initial_value) else initial_value
             value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
             shape = tuple(int(s) for s in value.shape)
-            path = getattr(keras_variable, "path", None) or kwargs.get("name") or "variable"
+            name = kwargs.get("name") or "variable"
+            path = getattr(keras_variable, "path", None) or (f"{scope}/{name}" if scope else name)
             if reference is not None and tuple(reference.shape) == shape:
                 target = dtensor.fetch_layout(reference)
                 axes = tuple(
                     None if spec == dtensor.UNSHARDED else spec for spec in target.sharding_specs
                 )
+                reason = "as the variable it is a slot of"
             else:
                 axes = self.rules.axes_for(path, shape)
                 target = _dtensor.layout(self.mesh, axes)
+                reason = self.rules.explain(path)
             slices = 1
             for axis in axes:
                 if axis is not None:
                     slices *= self.rules.mesh.axis_size(axis)
             self.created.append(
-                VariableLayout(path, shape, axes, value.dtype.size, slices)
+                VariableLayout(path, shape, axes, value.dtype.size, slices, reason)
             )
-            return _dtensor.MeshVariable(
+            variable = _dtensor.MeshVariable(
                 _dtensor.to_mesh(value, target),
                 trainable=kwargs.get("trainable", True),
                 name=kwargs.get("name"),
             )
+            self._variables[id(variable)] = variable
+            return variable
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """Whether `v` was made by this strategy's scope (tf-keras checks every variable it is given)."""
+        return self._variables.get(id(v)) is v
 
     def update_variable(self, var: Any, fn: Any, args: Any, kwargs: Any) -> Any:
         # DTensor places the update on the devices holding each slice.

@@ -11,7 +11,9 @@ devices of model coordinate 0 and columns 8-15 on those of coordinate 1.
     layouts.axes_for("sequential/dense/kernel", (8, 16))   # (None, "model")
 
 Users pass Keras 3's own `keras.distribution.DeviceMesh` and `LayoutMap`
-(read through their public attributes), or a dict. Keys of a layout map are
+(read through their public attributes), tfdist's `DeviceMesh` and
+`LayoutMap` of the same signatures (for tf-keras, which has no
+`keras.distribution`), or dicts. Keys of a layout map are
 regular expressions that must match a variable's whole Keras path
 (`re.fullmatch`, as Keras's `LayoutMap` does); a path two keys match is an
 error, as in Keras. Every check raises `tfdist.errors.LayoutError` naming
@@ -27,10 +29,53 @@ from typing import Any
 
 from tfdist import errors
 
-__all__ = ["Axes", "LayoutRules", "MeshSpec"]
+__all__ = ["AutomaticLayouts", "Axes", "DeviceMesh", "LayoutMap", "LayoutRules", "MeshSpec"]
 
 #: The mesh axis each dimension of a tensor is split over (None for whole), in order.
 Axes = tuple[str | None, ...]
+
+
+class DeviceMesh:
+    """A grid of devices with named axes: Keras 3's `keras.distribution.DeviceMesh`, for tf-keras.
+
+    Args:
+      shape: Devices along each axis, e.g. `(2, 2)`.
+      axis_names: A name per axis, e.g. `("batch", "model")`.
+      devices: Device names in row-major order over `shape`; None: this
+        process's devices (`tfdist.local_devices()`) when the strategy is made.
+    """
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        axis_names: Sequence[str],
+        devices: Sequence[str] | None = None,
+    ) -> None:
+        self.shape = tuple(shape)
+        self.axis_names = tuple(axis_names)
+        self.devices = None if devices is None else tuple(str(d) for d in devices)
+        if len(self.shape) != len(self.axis_names):
+            raise errors.LayoutError(
+                f"DeviceMesh needs one axis name per dimension; received shape={self.shape!r} "
+                f"and axis_names={self.axis_names!r}."
+            )
+
+
+class LayoutMap(dict):  # type: ignore[type-arg]
+    """Variable path patterns to layouts: Keras 3's `keras.distribution.LayoutMap`, for tf-keras.
+
+    `layout_map[pattern] = axes`, one entry per dimension of the variables
+    the pattern matches (a mesh axis name, or None for whole). Patterns
+    match a variable's whole path (`re.fullmatch`).
+
+    Args:
+      device_mesh: The mesh the axes name (kept for Keras's signature; the
+        strategy's mesh is the one used).
+    """
+
+    def __init__(self, device_mesh: DeviceMesh | None = None) -> None:
+        super().__init__()
+        self.device_mesh = device_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +118,8 @@ class MeshSpec:
         """
         if isinstance(mesh, MeshSpec):
             return mesh
+        if isinstance(mesh, DeviceMesh) and mesh.devices is None:
+            mesh = dict(zip(mesh.axis_names, mesh.shape))
         if isinstance(mesh, Mapping):
             names = tuple(mesh)
             shape = tuple(mesh.values())
@@ -166,6 +213,13 @@ class LayoutRules:
             rules.append((pattern, axes))
         return cls(mesh, tuple(rules))
 
+    def explain(self, path: str) -> str:
+        """Why `path` gets its layout: the `layout_map` key matching it, or none."""
+        for pattern, _ in self.rules:
+            if re.fullmatch(pattern, path):
+                return f"layout_map[{pattern!r}]"
+        return "no layout_map key: whole"
+
     def axes_for(self, path: str, shape: Sequence[int]) -> Axes:
         """The layout of variable `path` of `shape`: its rule's axes, or whole (all None).
 
@@ -206,3 +260,96 @@ class LayoutRules:
                     "dimension whole (None), or change the layer's size."
                 )
         return axes
+
+
+#: Parent layer names of Keras's `MultiHeadAttention` projections.
+_ATTENTION_INPUTS = ("query", "key", "value")
+_ATTENTION_OUTPUT = "attention_output"
+
+
+class AutomaticLayouts:
+    """Megatron's layouts, chosen variable by variable as a model is built (`layout_map=None`).
+
+    Rules, over the mesh's model axis (its first axis other than the batch
+    axis; with none, every variable stays whole), each applied only where
+    the dimension it splits divides that axis's size (else whole):
+
+    - `MultiHeadAttention` by heads: the query, key and value kernels
+      `(d, heads, head_dim)` split their heads, and their biases; the output
+      kernel `(heads, head_dim, d)` its heads (one all-reduce after it);
+    - `Dense` in pairs: a 2-D kernel is column-parallel (its outputs split),
+      and the next 2-D kernel whose inputs are those outputs is
+      row-parallel (one all-reduce after it), as Megatron pairs an MLP's two
+      layers; a column-parallel layer's bias is split with its outputs;
+    - convolution kernels by output channels (their last dimension), and
+      their biases;
+    - embeddings whole: a split table's row gradients are not applied yet
+      (`MeshStrategy`'s limits), nor anything else (normalization, metrics,
+      counters).
+
+    The rules see each variable's path and shape in creation order (Keras
+    builds a layer's kernel, then its bias); `explain(path)` says which rule
+    chose its layout.
+
+    Args:
+      mesh: The mesh.
+      batch_dim_name: The batch axis (never used to split a variable).
+    """
+
+    def __init__(self, mesh: MeshSpec, batch_dim_name: str) -> None:
+        self.mesh = mesh
+        others = [n for n in mesh.axis_names if n != batch_dim_name]
+        self._axis = others[0] if others else None
+        self._size = mesh.axis_size(self._axis) if self._axis else 1
+        self._column_outputs: int | None = None  # Outputs of the last unpaired column layer.
+        self._split_layers: set[str] = set()  # Layers whose outputs are split (their bias follows).
+        self._reasons: dict[str, str] = {}
+
+    def explain(self, path: str) -> str:
+        """Why `path` got its layout."""
+        return self._reasons.get(path, "whole")
+
+    def axes_for(self, path: str, shape: Sequence[int]) -> Axes:
+        """The layout of variable `path` of `shape`, by the rules above."""
+        shape = tuple(int(s) for s in shape)
+        axes, reason = self._choose(path, shape)
+        self._reasons[path] = reason
+        return axes
+
+    def _divides(self, extent: int) -> bool:
+        return self._axis is not None and self._size > 1 and extent % self._size == 0
+
+    def _choose(self, path: str, shape: tuple[int, ...]) -> tuple[Axes, str]:
+        whole: Axes = (None,) * len(shape)
+        layer, _, leaf = path.rpartition("/")
+        parent = layer.rpartition("/")[2]
+        m = self._axis
+        if leaf == "embeddings":
+            return whole, "embedding: whole (split tables' row gradients are not applied yet)"
+        if leaf == "kernel" and len(shape) == 3 and parent in _ATTENTION_INPUTS:
+            if self._divides(shape[1]):
+                self._split_layers.add(layer)
+                return (None, m, None), f"attention {parent} projection: split by heads"
+            return whole, f"attention {parent}: {shape[1]} heads do not divide {m}={self._size}"
+        if leaf == "kernel" and len(shape) == 3 and parent == _ATTENTION_OUTPUT:
+            if self._divides(shape[0]):
+                return (m, None, None), "attention output: split by heads (all-reduce after)"
+            return whole, f"attention output: {shape[0]} heads do not divide {m}={self._size}"
+        if leaf == "kernel" and len(shape) == 2:
+            if self._column_outputs == shape[0] and self._divides(shape[0]):
+                self._column_outputs = None
+                return (m, None), "Dense, row-parallel: inputs of the column-parallel layer before it"
+            if self._divides(shape[1]):
+                self._column_outputs = shape[1]
+                self._split_layers.add(layer)
+                return (None, m), "Dense, column-parallel: outputs split"
+            self._column_outputs = None
+            return whole, f"Dense: {shape[1]} outputs do not divide {m}={self._size}"
+        if leaf == "kernel" and len(shape) >= 3:
+            if self._divides(shape[-1]):
+                self._split_layers.add(layer)
+                return whole[:-1] + (m,), "convolution: split by output channels"
+            return whole, f"convolution: {shape[-1]} channels do not divide {m}={self._size}"
+        if leaf == "bias" and layer in self._split_layers and shape and self._divides(shape[0]):
+            return (m,) + whole[1:], "bias of a layer whose outputs are split"
+        return whole, "whole"

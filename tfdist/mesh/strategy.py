@@ -30,16 +30,19 @@ functions that compile Keras's own `train_step` / `test_step` /
 strategy does). A custom loop iterates the distributed dataset eagerly and
 calls a `tf.function` with each batch, inside `strategy.run` or not.
 
-Limits of this version: Keras 3 only (under tf-keras the constructor raises
-`ConfigError`); one process (the mesh is this process's devices); layouts
-are given (`layout_map=None` raises `LayoutError`: automatic layouts are
-not implemented yet); a last batch the batch axis does not divide runs
-whole on every device (correct, not split).
+Limits of this version: under tf-keras, a batch axis of size 1 only (TF's
+DTensor loses tf-keras optimizers' updates when the batch is split); one process (the mesh is this process's devices); layouts
+chosen automatically are Megatron's simple rules, per variable as it is
+created (no search over the model); an embedding's row gradients are
+applied only whole and with the batch unsplit (`LayoutError` otherwise:
+TF's DTensor applies them wrongly); a last batch the batch axis does not
+divide runs whole on every device (correct, not split).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -55,31 +58,40 @@ from tfdist.mesh import layouts as layouts_lib
 
 __all__ = ["MeshStrategy"]
 
+#: How TF's DTensor refuses an op it has no layout rule for.
+_UNSUPPORTED_OP = re.compile(r"'tf\.(\w+)' op does not implement layout propagation")
+
 
 class MeshStrategy(tf.distribute.Strategy):
     """Splits variables over a device mesh by layout, and batches over one axis of it.
 
     Args:
-      mesh: A `keras.distribution.DeviceMesh`, or `{axis_name: size}` over
-        this process's devices (`tfdist.local_devices()`, in order; e.g.
-        `{"batch": 2, "model": 2}` on 4 devices).
-      layout_map: A `keras.distribution.LayoutMap` or a dict from a regular
-        expression matching a variable's whole Keras path (`variable.path`,
-        e.g. "sequential/dense/kernel") to its axes: one entry per
+      mesh: A `keras.distribution.DeviceMesh` (Keras 3), a
+        `tfdist.mesh.DeviceMesh` (the same, for tf-keras), or `{axis_name:
+        size}` over this process's devices (`tfdist.local_devices()`, in
+        order; e.g. `{"batch": 2, "model": 2}` on 4 devices).
+      layout_map: A `keras.distribution.LayoutMap`, a `tfdist.mesh.LayoutMap`,
+        or a dict, from a regular expression matching a variable's whole
+        path to its axes. The path is Keras 3's `variable.path` (e.g.
+        "sequential/dense/kernel"); under tf-keras the variable's name
+        without ":0" (e.g. "dense/kernel"). Axes: one entry per
         dimension, a mesh axis name (split over that axis) or None (whole).
         Unmatched variables are whole on every device; an optimizer's slots
         follow their variable. `{}` keeps every variable whole (data
-        parallelism only).
+        parallelism only). None: Megatron's layouts, chosen as the model is
+        built (`tfdist.mesh.layouts.AutomaticLayouts`: attention by heads,
+        Dense layers in column-then-row pairs, convolutions by output
+        channels, only where the axis divides the dimension);
+        `layout_report()` says which rule chose each.
       batch_dim_name: The mesh axis each batch is split over (data
         parallelism); by default the mesh's first axis, as in Keras's
         `ModelParallel`.
 
     Raises:
       LayoutError: A mesh whose size is not its number of devices, a layout
-        naming an axis the mesh lacks, a `batch_dim_name` not in the mesh,
-        `layout_map=None`; when the model is built, a variable whose split
+        naming an axis the mesh lacks, a `batch_dim_name` not in the mesh, a
+        batch axis of size > 1 under tf-keras; when the model is built, a variable whose split
         dimension its axis does not divide (naming the variable).
-      ConfigError: Under tf-keras.
     """
 
     def __init__(
@@ -88,27 +100,26 @@ class MeshStrategy(tf.distribute.Strategy):
         layout_map: Any = None,
         batch_dim_name: str | None = None,
     ) -> None:
-        if tf_keras_sharded.legacy_keras():
-            raise errors.ConfigError(
-                "MeshStrategy runs Keras 3 models; this process uses tf-keras "
-                "(TF_USE_LEGACY_KERAS is set). Unset TF_USE_LEGACY_KERAS, or use "
-                "another tfdist strategy under tf-keras."
-            )
-        local = () if isinstance(mesh, layouts_lib.MeshSpec) or not isinstance(mesh, Mapping) else devices_lib.local_devices()
-        spec = layouts_lib.MeshSpec.from_user(mesh, local)
-        if layout_map is None:
-            raise errors.LayoutError(
-                "layout_map=None asks for automatic layouts, which MeshStrategy does not "
-                "choose yet. Pass a layout_map (a keras.distribution.LayoutMap or "
-                "{pattern: axes}); {} keeps every variable whole."
-            )
-        rules = layouts_lib.LayoutRules.from_user(layout_map, spec)
+        spec = layouts_lib.MeshSpec.from_user(mesh, devices_lib.local_devices())
         batch_dim_name = spec.axis_names[0] if batch_dim_name is None else batch_dim_name
         if batch_dim_name not in spec.axis_names:
             raise errors.LayoutError(
                 f"batch_dim_name={batch_dim_name!r} is not an axis of the mesh, whose axes "
                 f"are {list(spec.axis_names)}. Name the axis batches are split over."
             )
+        if tf_keras_sharded.legacy_keras() and spec.axis_size(batch_dim_name) > 1:
+            raise errors.LayoutError(
+                f"under tf-keras MeshStrategy needs a batch axis of size 1; received "
+                f"{batch_dim_name}={spec.axis_size(batch_dim_name)}. With the batch split, "
+                "TF's DTensor loses tf-keras optimizers' updates (after one SGD step on a "
+                "4x1 mesh, five of six variables had not moved). Give the batch axis size 1 "
+                "(tensor parallelism only), or use Keras 3 for a hybrid mesh."
+            )
+        rules: layouts_lib.LayoutRules | layouts_lib.AutomaticLayouts
+        if layout_map is None:
+            rules = layouts_lib.AutomaticLayouts(spec, batch_dim_name)
+        else:
+            rules = layouts_lib.LayoutRules.from_user(layout_map, spec)
         self._spec = spec
         self._batch_dim_name = batch_dim_name
         self._mesh = _dtensor.make_mesh(spec)
@@ -127,7 +138,7 @@ class MeshStrategy(tf.distribute.Strategy):
         return self._batch_dim_name
 
     def layout_report(self) -> str:
-        """Every variable the scope created: its shape, layout and bytes per device.
+        """Every variable the scope created: its shape, layout, bytes per device and why.
 
         A markdown table, one row per variable in creation order (model
         weights, then the optimizer's slots and counters, then metrics),
@@ -135,13 +146,13 @@ class MeshStrategy(tf.distribute.Strategy):
         would hold without the mesh.
         """
         rows = [
-            "| variable | shape | layout | bytes per device |",
-            "|---|---|---|---|",
+            "| variable | shape | layout | bytes per device | why |",
+            "|---|---|---|---|---|",
         ]
         held = whole = 0
         for entry in self.extended.created:
             rows.append(
-                f"| {entry.path} | {entry.shape} | {entry.axes} | {entry.bytes_per_device} |"
+                f"| {entry.path} | {entry.shape} | {entry.axes} | {entry.bytes_per_device} | {entry.reason} |"
             )
             held += entry.bytes_per_device
             whole += entry.bytes_per_device * entry.slices
@@ -200,7 +211,25 @@ class MeshStrategy(tf.distribute.Strategy):
         strategy = self
 
         def compiled(step: Any) -> Any:
-            return tf.function(lambda data: strategy.run(step, args=(data,)))
+            function = tf.function(lambda data: strategy.run(step, args=(data,)))
+
+            def call(data: Any) -> Any:
+                try:
+                    return function(data)
+                except tf.errors.UnknownError as error:
+                    unsupported = _UNSUPPORTED_OP.search(str(error))
+                    if unsupported is None:
+                        raise
+                    raise errors.LayoutError(
+                        f"TF's DTensor cannot run op {unsupported.group(1)!r} of this model's "
+                        "step on a mesh (it has no layout rule for it). tf-keras's "
+                        "LayerNormalization and BatchNormalization compute with "
+                        "FusedBatchNormV3, and plain SGD's sparse update with "
+                        "ResourceScatterSub, for example. Use the layer's Keras 3 "
+                        "counterpart, or another tfdist strategy for this model."
+                    ) from error
+
+            return call
 
         train, test, predict = (
             compiled(model.train_step), compiled(model.test_step), compiled(model.predict_step),

@@ -92,5 +92,55 @@ class LayoutRulesTest(absltest.TestCase):
             rules.axes_for("dense/kernel", (8, 16))
 
 
+class AutomaticLayoutsTest(absltest.TestCase):
+    def _rules(self, mesh=None):
+        mesh = layouts.MeshSpec.from_user(mesh or {"batch": 1, "model": 4}, DEVICES)
+        return layouts.AutomaticLayouts(mesh, "batch")
+
+    def test_dense_layers_pair_column_then_row_and_a_column_bias_follows(self):
+        rules = self._rules()
+        chosen = [
+            rules.axes_for(path, shape) for path, shape in (
+                ("m/up/kernel", (8, 16)), ("m/up/bias", (16,)),
+                ("m/down/kernel", (16, 8)), ("m/down/bias", (8,)),
+                ("m/head/kernel", (8, 3)), ("m/head/bias", (3,)),
+            )
+        ]
+        self.assertEqual(chosen, [(None, "model"), ("model",), ("model", None), (None,),
+                                  (None, None), (None,)])
+        self.assertIn("column-parallel", rules.explain("m/up/kernel"))
+        self.assertIn("row-parallel", rules.explain("m/down/kernel"))
+        self.assertIn("3 outputs do not divide model=4", rules.explain("m/head/kernel"))
+
+    def test_a_kernel_not_fed_by_the_column_layer_starts_a_new_pair(self):
+        rules = self._rules()
+        rules.axes_for("m/a/kernel", (8, 16))
+        self.assertEqual(rules.axes_for("m/b/kernel", (12, 8)), (None, "model"))
+
+    def test_attention_splits_heads_and_keeps_embeddings_and_norms_whole(self):
+        rules = self._rules()
+        self.assertEqual(rules.axes_for("t/token/embeddings", (32, 16)), (None, None))
+        self.assertEqual(rules.axes_for("t/attention/query/kernel", (16, 4, 4)), (None, "model", None))
+        self.assertEqual(rules.axes_for("t/attention/query/bias", (4, 4)), ("model", None))
+        self.assertEqual(rules.axes_for("t/attention/attention_output/kernel", (4, 4, 16)), ("model", None, None))
+        self.assertEqual(rules.axes_for("t/attention/attention_output/bias", (16,)), (None,))
+        self.assertEqual(rules.axes_for("t/norm/gamma", (16,)), (None,))
+        self.assertIn("embedding", rules.explain("t/token/embeddings"))
+
+    def test_heads_the_axis_does_not_divide_stay_whole_and_say_why(self):
+        rules = self._rules()
+        self.assertEqual(rules.axes_for("t/attention/key/kernel", (16, 2, 8)), (None, None, None))
+        self.assertIn("2 heads do not divide model=4", rules.explain("t/attention/key/kernel"))
+
+    def test_convolution_splits_output_channels(self):
+        rules = self._rules()
+        self.assertEqual(rules.axes_for("c/conv/kernel", (3, 3, 1, 8)), (None, None, None, "model"))
+        self.assertEqual(rules.axes_for("c/conv/bias", (8,)), ("model",))
+
+    def test_a_mesh_with_only_the_batch_axis_splits_nothing(self):
+        rules = self._rules({"batch": 4})
+        self.assertEqual(rules.axes_for("m/up/kernel", (8, 16)), (None, None))
+
+
 if __name__ == "__main__":
     absltest.main()
