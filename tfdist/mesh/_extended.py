@@ -136,7 +136,7 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
         for arg in args:
             if isinstance(arg, tf.IndexedSlices):
                 self._check_row_update(var)
-        return fn(var, *args, **kwargs)
+        return fn(var, *(_laid_out_like(arg, var) for arg in args), **kwargs)
 
     def _check_row_update(self, var: Any) -> None:
         """Refuses a row update (an embedding's gradient) DTensor would apply wrongly.
@@ -171,3 +171,16 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
     def parameter_devices(self) -> tuple[str, ...]:
         return tuple(self.rules.mesh.devices)
 
+
+def _laid_out_like(value: Any, variable: Any) -> Any:
+    """A gradient laid out as the variable it updates.
+
+    A variable's gradient takes the layout of the activations it is made
+    from: a whole Dense kernel fed by a column-parallel layer gets a
+    gradient split by rows. TF's DTensor then computes an update of another
+    layout than the variable's and writes it wrongly (seen: Adam steps 200x
+    too large on such a kernel), so the gradient is relaid out first.
+    """
+    if isinstance(value, tf.Tensor) and value.shape == variable.shape:
+        return dtensor.relayout(value, variable.layout)  # No-op where they agree.
+    return value

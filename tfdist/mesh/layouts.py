@@ -171,6 +171,11 @@ class LayoutRules:
 
     mesh: MeshSpec
     rules: tuple[tuple[str, Axes], ...]
+    matched: set[str] = dataclasses.field(default_factory=set, compare=False, repr=False)
+
+    def unused(self) -> list[str]:
+        """The patterns that matched no variable so far (a key missing its `.*` prefix, a layer output's)."""
+        return [pattern for pattern, _ in self.rules if pattern not in self.matched]
 
     @classmethod
     def from_user(cls, layout_map: Any, mesh: MeshSpec) -> LayoutRules:
@@ -237,6 +242,7 @@ class LayoutRules:
         if not matches:
             return (None,) * len(shape)
         pattern, axes = matches[0]
+        self.matched.add(pattern)
         if len(axes) != len(shape):
             raise errors.LayoutError(
                 f"layout_map[{pattern!r}] = {axes!r} has {len(axes)} entries but variable "
@@ -304,6 +310,10 @@ class AutomaticLayouts:
         self._column_outputs: int | None = None  # Outputs of the last unpaired column layer.
         self._split_layers: set[str] = set()  # Layers whose outputs are split (their bias follows).
         self._reasons: dict[str, str] = {}
+
+    def unused(self) -> list[str]:
+        """None: the rules use no user patterns."""
+        return []
 
     def explain(self, path: str) -> str:
         """Why `path` got its layout."""

@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 from tensorflow.experimental import dtensor
 
 from tfdist import devices as devices_lib
@@ -158,6 +159,9 @@ class MeshStrategy(tf.distribute.Strategy):
             whole += entry.bytes_per_device * entry.slices
         mesh = " x ".join(f"{n}={s}" for n, s in zip(self._spec.axis_names, self._spec.shape))
         rows.append(f"\nMesh {mesh}: each device holds {held} bytes of variables ({whole} unsplit).")
+        unused = self.extended.rules.unused()
+        if unused:
+            rows.append(_unused_keys_message(unused))
         return "\n".join(rows)
 
     # ------------------------------------------------------------------
@@ -208,6 +212,9 @@ class MeshStrategy(tf.distribute.Strategy):
     def _install_step_functions(self, model: Any) -> None:
         if keras_ps.installed_owner(model) is self:
             return
+        unused = self.extended.rules.unused()
+        if unused:
+            logging.warning(_unused_keys_message(unused))
         strategy = self
 
         def compiled(step: Any) -> Any:
@@ -269,6 +276,15 @@ class MeshStrategy(tf.distribute.Strategy):
             predict=predict_batches,
             metrics_barrier=lambda: None,
         )
+
+
+def _unused_keys_message(patterns: list[str]) -> str:
+    return (
+        f"layout_map keys that matched no variable: {patterns}. Keys match a variable's "
+        "whole path (e.g. 'sequential/d1/kernel'): start them with '.*' (e.g. '.*d1/kernel'); "
+        "layouts of layer outputs ('.../output') are not applied: DTensor lays "
+        "activations out itself."
+    )
 
 
 class MeshDataset:
