@@ -104,6 +104,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/placement.py
 	$(PY) benchmarks/placement.py --workload=balance --global_batch_size=1024
 	$(PY) benchmarks/placement.py --workload=rematerialize
+	$(PY) benchmarks/mesh_route.py
 
 # The pages of docs/ and the API reference from the docstrings, offline:
 # nitpicky (-n), every warning an error (-W, after reporting them all). The

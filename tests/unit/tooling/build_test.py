@@ -623,6 +623,16 @@ class PrivateUpstreamAttributeTest(absltest.TestCase):
                 with self.subTest(path=path):
                     self.assertIn(f"| `{path.rsplit('/', 1)[1]}` |", table)
 
+    def test_readme_layout_lists_every_package_and_top_level_module(self):
+        readme = (ROOT / "README.md").read_text(encoding="utf-8")
+        layout = readme.split("## Layout", 1)[1].split("```")[1]
+        for entry in sorted((ROOT / "tfdist").iterdir()):
+            if entry.name.startswith("__pycache__") or entry.name == "__init__.py":
+                continue
+            shown = f"  {entry.name}/" if entry.is_dir() else f"  {entry.name}"
+            with self.subTest(entry=entry.name):
+                self.assertIn(shown, layout)
+
     def test_no_reach_into_other_objects_private_attributes(self):
         for path, tree in self.trees.items():
             for node in ast.walk(tree):
