@@ -28,9 +28,11 @@ functions that compile Keras's own `train_step` / `test_step` /
 `predict_step` once per input signature and call them on those batches
 (`tfdist/_internal/keras_ps.install_functions`, as the parameter-server
 strategy does). A custom loop iterates the distributed dataset eagerly and
-calls a `tf.function` with each batch, inside `strategy.run` or not.
+calls a `tf.function` with each batch inside `strategy.run`: checked on a
+tensor-parallel mesh under Keras 3 only (see Limits).
 
-Limits of this version: under tf-keras, a batch axis of size 1 only (TF's
+Limits of this version: a custom loop with the batch split diverges from
+one device, and under tf-keras fails (neither traced yet); under tf-keras, a batch axis of size 1 only (TF's
 DTensor loses tf-keras optimizers' updates when the batch is split); one process (the mesh is this process's devices); layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding's row gradients are
