@@ -75,10 +75,8 @@ def _initial_weights(width: int):
     }
 
 
-def _one_device(tf, init):
-    with tf.device("/CPU:0"):
-        weights = [tf.Variable(init[k]) for k in ("w1", "b1", "w2", "b2")]
-        x = tf.constant(init["x"])
+def _whole_block_step(tf, weights, x):
+    """One SGD step of the block written whole (one device's, and DTensor's: the layouts split it)."""
 
     @tf.function
     def step():
@@ -88,6 +86,16 @@ def _one_device(tf, init):
             loss = tf.reduce_mean(tf.square(z))
         for variable, gradient in zip(weights, tape.gradient(loss, weights)):
             variable.assign_sub(_LEARNING_RATE * gradient)
+
+    return step
+
+
+def _one_device(tf, init):
+    with tf.device("/CPU:0"):
+        weights = [tf.Variable(init[k]) for k in ("w1", "b1", "w2", "b2")]
+        x = tf.constant(init["x"])
+
+    step = _whole_block_step(tf, weights, x)
 
     def whole():
         return {k: v.numpy() for k, v in zip(("w1", "b1", "w2", "b2"), weights)}
@@ -160,14 +168,7 @@ def _dtensor(tf, init):
     ]
     x = dtensor.copy_to_mesh(tf.constant(init["x"]), dtensor.Layout.replicated(mesh, rank=2))
 
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            w1, b1, w2, b2 = weights
-            z = tf.nn.relu(x @ w1 + b1) @ w2 + b2
-            loss = tf.reduce_mean(tf.square(z))
-        for v, gradient in zip(weights, tape.gradient(loss, weights)):
-            v.assign_sub(_LEARNING_RATE * gradient)
+    step = _whole_block_step(tf, weights, x)  # DTensor's SPMD splits it by the layouts.
 
     def whole():
         return {
