@@ -82,7 +82,8 @@ class MeshVariable(dtensor.DVariable):
         """The whole value (gathered from the devices' slices)."""
         return dtensor.unpack(whole(self.read_value()))[0].numpy()
 
-    def __array__(self, dtype: Any = None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        del copy  # numpy() is always a fresh array.
         return np.asarray(self.numpy(), dtype=dtype)
 
     def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value: bool = True) -> Any:
