@@ -10,7 +10,8 @@ with TF_USE_LEGACY_KERAS=1, under tf-keras.
 
 from __future__ import annotations
 
-import numpy as np
+import functools
+
 import pytest
 import tensorflow as tf
 from absl.testing import parameterized
@@ -39,43 +40,37 @@ def _kernel_devices(model):
     return {v.device for v in keras_layers.resource_variables(model) if v.trainable}
 
 
+@functools.cache
+def _reference(optimizer):
+    """One device's run of `placement_cases.mlp_builder(optimizer)`, trained once per file."""
+    x, y = placement_cases.data()
+    return numerics.train_single_device(
+        placement_cases.mlp_builder(optimizer), x, y,
+        global_batch_size=placement_cases.GLOBAL_BATCH_SIZE, epochs=2)
+
+
 class LayerPlacementFitEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
     """Each case against one single-device run per optimizer (trained once)."""
-
-    _references: dict = {}
-
-    def _reference(self, optimizer):
-        if optimizer not in self._references:
-            x, y = placement_cases.data()
-            model = placement_cases.mlp_builder(optimizer)()
-            initial = [np.copy(w) for w in model.get_weights()]
-            history = model.fit(
-                x, y, batch_size=placement_cases.GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0
-            )
-            self._references[optimizer] = (model, initial, history.history)
-        return self._references[optimizer]
 
     @parameterized.named_parameters(*_grid())
     def test_fit_matches_single_device(self, num_stages, num_microbatches, optimizer):
         x, y = placement_cases.data()
-        reference, initial, reference_history = self._reference(optimizer)
         strategy = tfdist.LayerPlacementStrategy(
             placement_cases.DEVICES[:num_stages], num_microbatches=num_microbatches
         )
-        with strategy.scope():
-            model = placement_cases.mlp_builder(optimizer)()
-        model.set_weights(initial)
-        history = model.fit(
-            x, y, batch_size=placement_cases.GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0
+        comparison = numerics.assert_matches_single_device(
+            placement_cases.mlp_builder(optimizer), strategy, x, y,
+            global_batch_size=placement_cases.GLOBAL_BATCH_SIZE, epochs=2,
+            rtol=placement_cases.FLOAT32_RTOL, atol=placement_cases.FLOAT32_ATOL,
+            check_inference=False, reference=_reference(optimizer),
         )
-        numerics.assert_weights_close(model, reference, rtol=placement_cases.FLOAT32_RTOL, atol=placement_cases.FLOAT32_ATOL)
         for name in ("loss", "accuracy"):
             self.assertAllClose(
-                history.history[name], reference_history[name],
+                comparison.distributed_history[name], comparison.single_device_history[name],
                 rtol=placement_cases.FLOAT32_RTOL, atol=placement_cases.FLOAT32_ATOL,
             )
         self.assertEqual(strategy.placement_plan().num_stages, num_stages)
-        self.assertLen(_kernel_devices(model), num_stages)
+        self.assertLen(_kernel_devices(comparison.distributed_model), num_stages)
 
 
 if __name__ == "__main__":

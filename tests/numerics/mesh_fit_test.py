@@ -18,6 +18,7 @@ which the strategy refuses (tested).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -113,6 +114,15 @@ def _data(tokens=False):
     return x, rng.integers(0, 3, NUM_EXAMPLES).astype("int32")
 
 
+@functools.cache
+def _reference(optimizer=None):
+    """One device's run of `_mlp(optimizer)` (`None`: of `_transformer`), trained once per file."""
+    x, y = _data(tokens=optimizer is None)
+    build = _transformer if optimizer is None else _mlp(optimizer)
+    return numerics.train_single_device(
+        build, x, y, global_batch_size=GLOBAL_BATCH_SIZE, epochs=2)
+
+
 def _strategy(shape, layout):
     # Keras 3's own mesh and layout map; tfdist's of the same signatures for tf-keras.
     distribution = keras.distribution if KERAS_3 else tfdist.mesh
@@ -151,6 +161,7 @@ class MeshFitTest(parameterized.TestCase):
             _mlp(optimizer), _strategy(shape, MLP_LAYOUT), x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=optimizer == "adam",
+            reference=_reference(optimizer),
         )
         np.testing.assert_allclose(
             comparison.distributed_history["loss"], comparison.single_device_history["loss"],
@@ -165,6 +176,7 @@ class MeshFitTest(parameterized.TestCase):
             _transformer, strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=True,
+            reference=_reference(),
         )
         del comparison
         report = strategy.layout_report()
@@ -179,6 +191,7 @@ class MeshFitTest(parameterized.TestCase):
             _transformer, strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=False,
+            reference=_reference(),
         )
         report = strategy.layout_report()
         for variable, axes, why in (

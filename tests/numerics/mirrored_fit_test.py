@@ -6,6 +6,7 @@ Runs under Keras 3 and, with TF_USE_LEGACY_KERAS=1, under tf-keras
 
 from __future__ import annotations
 
+import functools
 from unittest import mock
 
 
@@ -58,6 +59,14 @@ def _mlp_builder(optimizer_name):
     return build
 
 
+@functools.cache
+def _reference(optimizer_name, epochs=2):
+    """One device's run of `_mlp_builder(optimizer_name)` on `_data()`, trained once per file."""
+    x, y = _data()
+    return numerics.train_single_device(
+        _mlp_builder(optimizer_name), x, y, global_batch_size=GLOBAL_BATCH_SIZE, epochs=epochs)
+
+
 def _grid():
     for algorithm in ("ring", "tree", "reduce_to_one", "auto"):
         for n in (2, 4):
@@ -82,6 +91,7 @@ class MirroredFitEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
             _mlp_builder(optimizer), strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=False,
+            reference=_reference(optimizer),
         )
         self.assertAllClose(
             comparison.distributed_history["loss"],
@@ -97,6 +107,7 @@ class MirroredFitEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
             _mlp_builder("adam"), strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=False,
+            reference=_reference("adam"),
         )
 
     def test_evaluate_and_predict_match_single_device(self):
@@ -123,6 +134,7 @@ class MirroredFitEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
             _mlp_builder("sgd"), strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=rtol, atol=atol, check_inference=False,
+            reference=_reference("sgd"),
         )
         # The wire really is 16-bit: results are not bit-identical.
         self.assertGreater(comparison.max_weight_difference[1], 0.0)
@@ -259,11 +271,12 @@ class UnevenBatchTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.named_parameters(("sgd", "sgd"), ("adam", "adam"))
     def test_batch_the_replicas_do_not_divide_matches_single_device(self, optimizer):
-        # 32 rows on 3 replicas: slices of 11, 11 and 10 every step.
+        # GLOBAL_BATCH_SIZE (32) rows on 3 replicas: slices of 11, 11 and 10 every step.
         x, y = _data()
         comparison = numerics.assert_matches_single_device(
             _mlp_builder(optimizer), tfdist.MirroredStrategy(DEVICES[:3]), x, y,
-            global_batch_size=32, epochs=2, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
+            global_batch_size=GLOBAL_BATCH_SIZE, epochs=2, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
+            reference=_reference(optimizer),
         )
         self.assertAllClose(
             comparison.distributed_history["loss"], comparison.single_device_history["loss"],
