@@ -140,10 +140,12 @@ def make_strategy(config: TrainConfig):
         return tf.distribute.get_strategy()
     cluster = None  # tfdist: chief, workers and ps from TF_CONFIG.
     if tfdist.cluster.parse_tf_config().is_local:
+        # The script restarts here, in a private network (the servers' ports
+        # unreachable from outside), and prints what follows once.
+        cluster = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
         print("No TF_CONFIG cluster: training on an in-process cluster of 2 workers "
               "and 2 ps. For separate processes run:\n  python -m tfdist.launch "
               "--chief --workers 2 --ps 2 -- python -u examples/recommender.py", flush=True)
-        cluster = tfdist.testing.start_local_ps_cluster(num_workers=2, num_ps=2)
     # tfdist: on worker and ps tasks this serves and never returns. Variables
     # of more than 1 MiB (the user table) are split over the ps tasks by rows.
     return tfdist.ParameterServerStrategy(cluster)

@@ -60,6 +60,11 @@ class ForkedScript:
                     into.append(chunk)
 
     @property
+    def pid(self) -> int:
+        """Its process id (the same after it re-executes itself)."""
+        return self._process.pid
+
+    @property
     def returncode(self) -> int | None:
         return self._process.returncode
 

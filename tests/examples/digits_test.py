@@ -45,11 +45,10 @@ class DigitsExampleTest(parameterized.TestCase):
         {"testcase_name": "tfdist_mirrored_ring", "args": ["--all_reduce=ring"], "replicas": 4},
         {"testcase_name": "tf_builtin_mirrored", "args": ["--strategy=tf_mirrored"], "replicas": 4},
         {"testcase_name": "single_device", "args": ["--strategy=single"], "replicas": 1},
-        # No TF_CONFIG: an in-process cluster of 2 workers and 2 ps.
+        # No TF_CONFIG: an in-process cluster of 2 workers and 2 ps (with the
+        # chief's tf.data service: tests/integration/in_process_exposure_test.py).
         {"testcase_name": "parameter_server_in_process",
          "args": ["--strategy=parameter_server"], "replicas": 1},
-        {"testcase_name": "parameter_server_reading_a_tf_data_service",
-         "args": ["--strategy=parameter_server", "--input_service=chief"], "replicas": 1},
     )
     def test_runs_and_reports_accuracy_and_throughput(self, args, replicas):
         result = _run(args)

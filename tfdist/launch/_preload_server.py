@@ -23,7 +23,8 @@ serves requests on the Unix stream socket SOCKET_FD, single-threaded:
 The child: leads a new session and process group; has stdin from
 /dev/null and the attached stdout/stderr; joins the network namespace;
 sets `os.environ` to `env` and the working directory to `cwd`; runs
-SCRIPT as `__main__` with `sys.argv = [SCRIPT, ARGS...]` and SCRIPT's
+SCRIPT as `__main__` with `sys.argv = [SCRIPT, ARGS...]`,
+`sys.orig_argv = [PYTHON, (-u,) SCRIPT, ARGS...]` and SCRIPT's
 directory first on `sys.path`; then returns up this program's stack, so
 that the interpreter exits as after any script: joins non-daemon threads,
 runs `atexit` functions, flushes stdout/stderr, and a SystemExit or an
@@ -150,6 +151,9 @@ def _run_child(argv: list[str], env: dict[str, str], cwd: str, fds: list[int], n
     sys.stderr = _stream(2, unbuffered=unbuffered, line_buffering=True)
     script = argv[options + 1]
     sys.argv = argv[options + 1 :]
+    # As `python [-u] SCRIPT ARGS` would have it (a program that restarts
+    # itself reads it: tfdist.launch.isolation.restart_in_private_network).
+    sys.orig_argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")
     return 0

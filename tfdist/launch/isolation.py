@@ -31,6 +31,16 @@ user namespaces disabled), `unavailable_reason` says why, and
 `should_isolate` decides what happens then: an error if isolation was
 required, else one notice and the host network.
 
+A process that starts TensorFlow servers itself (an in-process cluster,
+`tfdist.testing.start_local_ps_cluster`) cannot move into a namespace once
+TensorFlow runs: its threads would stay outside, and without CAP_SYS_ADMIN
+joining a user namespace needs a single-threaded process. So
+`restart_in_private_network` re-executes the program, same pid, inside a
+fresh namespace, where it runs again from its first line; `network_is_private`
+tells the restarted program (or a task of an isolated job) that it is
+already inside one. `report_local_exposure` gives the one notice where a
+local cluster's servers are on the host's network anyway.
+
 This module imports nothing from TensorFlow.
 """
 
@@ -48,11 +58,22 @@ from tfdist import errors
 from tfdist.launch import _netns
 
 __all__ = [
+    "NOTICE_GIVEN_ENV",
     "PrivateNetwork",
     "exposure_notice",
+    "network_is_private",
+    "report_local_exposure",
+    "restart_in_private_network",
     "should_isolate",
     "unavailable_reason",
 ]
+
+#: Set (to "1") in the environment of tasks that a launcher runs on the
+#: host's network after telling the user (or at the user's request), so
+#: the tasks do not repeat the notice.
+NOTICE_GIVEN_ENV = "TFDIST_EXPOSURE_NOTICE_GIVEN"
+#: Set by `restart_in_private_network` in the program it restarts.
+_RESTARTED_ENV = "TFDIST_RESTARTED_IN_PRIVATE_NETWORK"
 
 # The helper script; run by path with `python -I -S` (see _netns.py).
 _NETNS_SCRIPT = os.path.abspath(_netns.__file__)
@@ -218,6 +239,14 @@ def exposure_notice(reason: str) -> str:
     )
 
 
+def _check_isolate(isolate: object) -> None:
+    if isolate is not None and not isinstance(isolate, bool):
+        raise TypeError(
+            f"isolate must be True, False or None; received "
+            f"isolate={isolate!r} of type {type(isolate).__name__}."
+        )
+
+
 def should_isolate(
     isolate: bool | None, *, report: Callable[[str], None]
 ) -> bool:
@@ -236,11 +265,7 @@ def should_isolate(
       LauncherError: If `isolate` is True and the OS does not allow it.
       TypeError: If `isolate` is not a bool or None.
     """
-    if isolate is not None and not isinstance(isolate, bool):
-        raise TypeError(
-            f"isolate must be True, False or None; received "
-            f"isolate={isolate!r} of type {type(isolate).__name__}."
-        )
+    _check_isolate(isolate)
     if isolate is False:
         return False
     reason = unavailable_reason()
@@ -250,3 +275,142 @@ def should_isolate(
         raise errors.LauncherError(reason)
     report(exposure_notice(reason))
     return False
+
+
+def network_is_private(pid: int | str = "self") -> bool:
+    """Whether process `pid`'s network namespace has no interface but loopback.
+
+    Then a socket listening there, even on every interface (`*:PORT`), is
+    reachable only from processes in the same namespace. True in the tasks
+    of an isolated job and in a program `restart_in_private_network`
+    restarted; False on a host's network and where /proc cannot say (not
+    Linux).
+    """
+    try:
+        with open(f"/proc/{pid}/net/dev") as f:
+            lines = f.readlines()[2:]  # After the two header lines.
+    except OSError:
+        return False
+    return {line.split(":")[0].strip() for line in lines} == {"lo"}
+
+
+def _restart_command() -> list[str]:
+    """This program's command line, to run it again; LauncherError if it cannot be."""
+    if hasattr(sys, "ps1") or sys.flags.interactive or "IPython" in sys.modules:
+        raise errors.LauncherError(
+            "an interactive session (a Python prompt, IPython or a notebook) "
+            "cannot be restarted in a private network namespace"
+        )
+    argv = list(getattr(sys, "orig_argv", ()))
+    if not argv:
+        raise errors.LauncherError(
+            "this interpreter does not record its command line (sys.orig_argv), "
+            "so the program cannot be restarted in a private network namespace"
+        )
+    return [sys.executable, *argv[1:]]
+
+
+def restart_in_private_network(
+    isolate: bool | None, *, what: str, report: Callable[[str], None]
+) -> None:
+    """Makes the servers this process starts next reachable only from inside it.
+
+    Call before this process starts any TensorFlow server. Returns at once
+    if the process's network is already private (`network_is_private`) or
+    `isolate` is False. Otherwise it re-executes the program (same pid,
+    arguments, environment and working directory) in a new private network
+    namespace and does not return: the program runs again from its first
+    line, now inside the namespace, and this call then returns there. So
+    call it before work the program should not do twice; what was printed
+    stays printed. This costs the program's start-up again (for a script
+    that imports TensorFlow, a few seconds).
+
+    Args:
+      isolate: True: restart or raise; None: restart where possible, else
+        call `report` once with `exposure_notice` and return; False: return.
+      what: What starts the servers, for the messages (e.g.
+        "start_local_ps_cluster").
+      report: Gives the notice to the user.
+
+    Raises:
+      LauncherError: If `isolate` is True and the OS does not allow a
+        namespace or the program cannot be restarted (an interactive
+        session); or if a restarted program is still on the host's network.
+      TypeError: If `isolate` is not a bool or None.
+    """
+    _check_isolate(isolate)
+    if isolate is False:
+        _reported.add("isolate=False")  # Asked for: no notice later either.
+        return
+    if network_is_private():
+        return
+    if os.environ.get(_RESTARTED_ENV):
+        raise errors.LauncherError(
+            f"{what} restarted this program in a private network namespace, "
+            "but its network still has interfaces other than loopback "
+            "(/proc/self/net/dev); expected only `lo`. Pass isolate=False to "
+            "run on the host's network."
+        )
+    try:
+        command = _restart_command()
+        network = PrivateNetwork.create()
+    except errors.LauncherError as e:
+        reason = f"{what} cannot isolate this process: {e}"
+        if isolate:
+            raise errors.LauncherError(
+                f"{reason}. Run the program under `python -m tfdist.launch`, "
+                "or pass isolate=False."
+            ) from None
+        _report_once(report, exposure_notice(reason + "."))
+        return
+    wrapped, fds = network.wrap(sys.executable, command)
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    os.execve(wrapped[0], wrapped, dict(os.environ, **{_RESTARTED_ENV: "1"}))
+
+
+def report_local_exposure(
+    addresses: Sequence[str], *, what: str, report: Callable[[str], None]
+) -> None:
+    """Gives the exposure notice once if a local cluster's servers are on the host's network.
+
+    A cluster whose every address is on this host (127.0.0.0/8, ::1,
+    localhost) could run isolated; if this process's network is not
+    private and no launcher already told the user (`NOTICE_GIVEN_ENV`),
+    `report` gets `exposure_notice` once per process. Clusters spanning
+    hosts must be reachable and get no notice.
+
+    Args:
+      addresses: The cluster's `host:port` addresses.
+      what: What runs the servers, for the notice.
+      report: Gives the notice to the user.
+    """
+    if os.environ.get(NOTICE_GIVEN_ENV) or network_is_private():
+        return
+    if not addresses or not all(_is_local(a) for a in addresses):
+        return
+    _report_once(report, exposure_notice(
+        f"{what} runs on a cluster of this host (its addresses are all "
+        "loopback) outside a private network namespace: TensorFlow servers "
+        "started outside tfdist's launcher (tf.distribute.Server, or "
+        "TF_CONFIG set by hand) are not isolated; run the job with "
+        "`python -m tfdist.launch` to isolate it."
+    ))
+
+
+def _is_local(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+_reported: set[str] = set()
+
+
+def _report_once(report: Callable[[str], None], notice: str) -> None:
+    # One notice per process, whichever path found the exposure first.
+    if not _reported:
+        _reported.add(notice)
+        report(notice)

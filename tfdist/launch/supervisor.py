@@ -314,12 +314,16 @@ class LocalJob:
             for index, config in enumerate(self._configs)
         ]
         network = isolation.PrivateNetwork.create() if is_isolated else None
+        # Unisolated tasks on the host's network: the user was told (or
+        # asked for it); the tasks need not say it again.
+        task_env = self._env if is_isolated else dict(
+            self._env, **{isolation.NOTICE_GIVEN_ENV: "1"})
         try:
             for task in tasks:
                 task.start(
                     programs[task.index],
                     self._commands[task.index],
-                    self._env,
+                    task_env,
                     network=network,
                     preload=self._preload,
                 )

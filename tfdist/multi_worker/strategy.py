@@ -163,6 +163,7 @@ class MultiWorkerMirroredStrategy(
             > 1
         )
         if multi_task:
+            startup.report_exposure(config, type(self).__name__)
             # Before TF starts the runtime: see peer_watchdog's docstring.
             startup.check_own_port(config)
             startup.configure_coordination(config, timeout)

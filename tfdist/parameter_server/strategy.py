@@ -223,6 +223,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         )
         roles.check_cluster(config)
         assert config.task is not None and config.cluster is not None
+        startup.report_exposure(config, type(self).__name__)
         if config.task.task_type in roles.SERVING_TASK_TYPES:
             roles.serve(config)  # Never returns.
         startup.check_own_port(config)

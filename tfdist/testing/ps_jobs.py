@@ -8,7 +8,9 @@ process (TF's in-process servers; each with enough inter-op threads) and
 returns the chief's `ClusterConfig`: the quickest way to try or test the
 strategy, one process, no TF_CONFIG. The servers live until the process
 exits (TF cannot stop an in-process server), so start one cluster per
-process.
+process. TensorFlow's servers listen on every interface, without
+authentication; so first the program restarts itself in a private network
+namespace, where they are reachable only from inside this process.
 
 `run_local_ps_job(fn, ...)` runs `fn` as the script of every task of a
 real parameter-server job (one process per task, on free 127.0.0.1 ports,
@@ -20,6 +22,7 @@ its return value is returned.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,26 +31,43 @@ from tfdist import launch
 from tfdist._internal import ps_runtime
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import TaskSpec
+from tfdist.launch import isolation
 from tfdist.parameter_server import roles
 from tfdist.testing import local_jobs
 
 __all__ = ["run_local_ps_job", "start_local_ps_cluster"]
 
 
-def start_local_ps_cluster(num_workers: int = 2, num_ps: int = 1) -> ClusterConfig:
+def start_local_ps_cluster(
+    num_workers: int = 2, num_ps: int = 1, *, isolate: bool | None = None
+) -> ClusterConfig:
     """Starts worker and ps servers in this process; returns the chief's config.
+
+    Call it at the start of the program, before work it should not do
+    twice: unless this process's network is already private (a task of an
+    isolated job), the program first restarts in a private network
+    namespace, same pid and arguments, and runs again from its first line
+    (its start-up paid twice: a few seconds for a script that imports
+    TensorFlow). Then the servers, and anything else the process serves
+    (the chief's tf.data service), are reachable only from inside it.
 
     Args:
       num_workers: Worker tasks, >= 1.
       num_ps: Parameter-server tasks, >= 1.
+      isolate: None: restart in a private network where the OS allows it
+        and the program can be restarted (not an interactive session),
+        else warn once and serve on the host's network; True: restart or
+        raise; False: serve on every interface of the host, reachable by
+        anyone who can reach it.
 
     Returns:
       The `ClusterConfig` of the chief (this process), for
       `tfdist.ParameterServerStrategy(config)`.
 
     Raises:
-      TypeError: If a count is not an int.
-      LauncherError: If a count is out of range, or no free port is found.
+      TypeError: If a count is not an int, or `isolate` not a bool or None.
+      LauncherError: If a count is out of range, no free port is found, or
+        `isolate=True` and this process cannot be isolated.
 
     Example:
       >>> config = start_local_ps_cluster(num_workers=2, num_ps=1)
@@ -61,6 +81,8 @@ def start_local_ps_cluster(num_workers: int = 2, num_ps: int = 1) -> ClusterConf
             f"num_ps={num_ps!r}. Pass num_ps=1 or more."
         )
     shape = launch.JobShape(num_workers, num_ps=num_ps, has_chief=True)
+    isolation.restart_in_private_network(
+        isolate, what="start_local_ps_cluster", report=_warn_exposed)
     cluster = launch.make_local_cluster(shape)
     for task in shape.tasks():
         if task.task_type == "chief":
@@ -76,6 +98,12 @@ def start_local_ps_cluster(num_workers: int = 2, num_ps: int = 1) -> ClusterConf
         )
         _SERVERS.append(server)
     return ClusterConfig(cluster=cluster, task=TaskSpec("chief", 0))
+
+
+def _warn_exposed(notice: str) -> None:
+    # stacklevel 5: the caller of start_local_ps_cluster (through
+    # restart_in_private_network and its once-per-process guard).
+    warnings.warn(notice, RuntimeWarning, stacklevel=5)
 
 
 #: The in-process servers: kept alive for the life of the process.

@@ -10,24 +10,30 @@ starts TF's runtime:
 2. `check_own_port` refuses a second process started with this task's
    address;
 3. after a failed start, `unreachable_peers` names the tasks that do not
-   accept connections and `start_up_error` says so.
+   accept connections and `start_up_error` says so;
+4. `report_exposure` warns once where this task's server, on a cluster of
+   this host, would listen on the host's network (run outside tfdist's
+   launcher, which isolates local jobs).
 """
 
 from __future__ import annotations
 
 import errno
 import socket
+import warnings
 from collections.abc import Sequence
 
 from tfdist import errors
 from tfdist._internal import coordination
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import spec as spec_lib
+from tfdist.launch import isolation
 
 __all__ = [
     "check_own_port",
     "configure_coordination",
     "device_name",
+    "report_exposure",
     "start_up_error",
     "unreachable_peers",
 ]
@@ -102,6 +108,29 @@ def check_own_port(config: ClusterConfig) -> None:
                 "the old process.",
                 field="task.index",
             ) from e
+
+
+def report_exposure(config: ClusterConfig, strategy_name: str) -> None:
+    """Warns once per process if this task serves a local cluster on the host's network.
+
+    Call before the strategy starts TF's server for this task. A cluster
+    whose every address is on this host could run in a private network
+    namespace (as `tfdist.launch` runs it); started any other way (TF_CONFIG
+    set by hand, servers started with `tf.distribute.Server`), its servers
+    listen on every interface of the host without authentication: a
+    `RuntimeWarning` says so (`isolation.report_local_exposure`).
+    """
+    if config.cluster is None or config.task is None:
+        return
+    addresses = [a for job in config.cluster.job_names for a in config.cluster.addresses(job)]
+    isolation.report_local_exposure(
+        addresses, what=f"{strategy_name} (task {config.task.name})", report=_warn)
+
+
+def _warn(notice: str) -> None:
+    # stacklevel 6: the strategy's caller (through report_exposure,
+    # report_local_exposure and its once-per-process guard, the strategy).
+    warnings.warn(notice, RuntimeWarning, stacklevel=6)
 
 
 def unreachable_peers(

@@ -319,5 +319,117 @@ class RefusedNamespacesTest(absltest.TestCase):
         )  # The first attempt and the restart.
 
 
+class NetworkIsPrivateTest(absltest.TestCase):
+
+    def test_true_inside_a_private_namespace_and_as_the_interfaces_say_here(self):
+        programs.skip_without_network_namespaces(self)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(isolation.__file__)))
+        code = (
+            f"import sys\nsys.path.insert(0, {root!r})\n"  # This checkout's tfdist.
+            "from tfdist.launch import isolation\n"
+            "print(isolation.network_is_private())\n"
+        )
+        with isolation.PrivateNetwork.create() as network:
+            argv, fds = network.wrap(sys.executable, programs.python(code))
+            result = subprocess.run(
+                argv, pass_fds=fds, capture_output=True, text=True,
+                timeout=programs.JOB_BOUND_S, check=False)
+        self.assertEqual(result.stdout.strip(), "True", result.stderr)
+        self.assertEqual(isolation.network_is_private(), sockets.interfaces() == {"lo"})
+
+
+class _ProcessState(absltest.TestCase):
+    """Each test starts with no notice given and the host's network."""
+
+    def setUp(self):
+        super().setUp()
+        self.enter_context(mock.patch.object(isolation, "_reported", set()))
+        self.enter_context(mock.patch.dict(os.environ))
+        os.environ.pop(isolation.NOTICE_GIVEN_ENV, None)
+        self.enter_context(
+            mock.patch.object(isolation, "network_is_private", return_value=False))
+        self.notices = []
+
+
+class RestartInPrivateNetworkTest(_ProcessState):
+    """What `restart_in_private_network` decides; the restart itself:
+    tests/integration/in_process_exposure_test.py."""
+
+    def restart(self, isolate):
+        isolation.restart_in_private_network(
+            isolate, what="start_local_ps_cluster", report=self.notices.append)
+
+    def test_isolate_false_returns_and_silences_later_notices(self):
+        self.restart(False)
+        isolation.report_local_exposure(
+            ["127.0.0.1:1"], what="a strategy", report=self.notices.append)
+        self.assertEmpty(self.notices)
+
+    def test_a_private_network_needs_no_restart(self):
+        with mock.patch.object(isolation, "network_is_private", return_value=True):
+            self.restart(True)
+        self.assertEmpty(self.notices)
+
+    def test_an_interactive_session_gets_one_notice_by_default(self):
+        with mock.patch.object(sys, "ps1", ">>> ", create=True):
+            self.restart(None)
+            self.restart(None)
+        self.assertLen(self.notices, 1)
+        self.assertRegex(
+            self.notices[0],
+            r"not isolated: start_local_ps_cluster cannot isolate this process: "
+            r"an interactive session .* listen on every interface")
+
+    def test_an_interactive_session_with_isolate_true_raises(self):
+        with mock.patch.object(sys, "ps1", ">>> ", create=True), self.assertRaisesRegex(
+                errors.LauncherError, r"interactive session.*tfdist.launch.*isolate=False"):
+            self.restart(True)
+
+    def test_a_restarted_program_still_on_the_host_network_raises_instead_of_looping(self):
+        with mock.patch.dict(os.environ, {"TFDIST_RESTARTED_IN_PRIVATE_NETWORK": "1"}):
+            with self.assertRaisesRegex(errors.LauncherError, r"still has interfaces other than loopback"):
+                self.restart(None)
+
+    def test_bad_isolate_raises_type_error(self):
+        with self.assertRaisesRegex(TypeError, r"isolate='yes'"):
+            self.restart("yes")
+
+
+class ReportLocalExposureTest(_ProcessState):
+
+    def report(self, addresses):
+        isolation.report_local_exposure(addresses, what="a strategy", report=self.notices.append)
+
+    def test_a_local_cluster_on_the_host_network_gets_one_notice(self):
+        self.report(["127.0.0.1:2000", "localhost:2001", "[::1]:2002"])
+        self.report(["127.0.0.1:2000"])
+        self.assertLen(self.notices, 1)
+        self.assertRegex(self.notices[0], r"a strategy runs on a cluster of this host.*tfdist.launch")
+
+    def test_no_notice_where_none_is_due(self):
+        for case, addresses, environ, private in (
+            ("other hosts", ["127.0.0.1:2000", "10.0.0.2:2000"], {}, False),
+            ("the launcher told the user", ["127.0.0.1:2000"], {isolation.NOTICE_GIVEN_ENV: "1"}, False),
+            ("a private network", ["127.0.0.1:2000"], {}, True),
+        ):
+            with self.subTest(case), mock.patch.dict(os.environ, environ), mock.patch.object(
+                    isolation, "network_is_private", return_value=private):
+                self.report(addresses)
+        self.assertEmpty(self.notices)
+
+    def test_a_launcher_tells_its_unisolated_tasks_it_gave_the_notice(self):
+        code = f"import os\nprint(os.environ.get({isolation.NOTICE_GIVEN_ENV!r}))\n"
+        for isolate, expected in ((False, "1"), (True, "None")):
+            if isolate:
+                programs.skip_without_network_namespaces(self)
+            out = io.StringIO()
+            local_job = supervisor.LocalJob(
+                ports.make_local_cluster(job.JobShape(1)), programs.python(code),
+                env=dict(os.environ), isolate=isolate, stdout=out)
+            self.assertTrue(local_job.run(timeout_s=programs.JOB_BOUND_S).succeeded)
+            with self.subTest(isolate=isolate):
+                self.assertEqual(out.getvalue().split()[-1], expected)
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -11,8 +11,11 @@ Training itself needs a cluster and runs in tests/integration.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
+import warnings
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -20,6 +23,7 @@ from absl.testing import parameterized
 import tfdist
 from tfdist import errors
 from tfdist import launch
+from tfdist.launch import isolation
 
 # Start-up bound used here, and the slack a slow machine may add to it.
 TIMEOUT_S = 2.0
@@ -170,6 +174,27 @@ class StartUpTest(absltest.TestCase):
             tfdist.ParameterServerStrategy(config, timeout_s=TIMEOUT_S)
         self.assertEqual(caught.exception.field, "task.index")
 
+    def test_a_hand_made_local_cluster_warns_once_that_it_is_not_isolated(self):
+        # A TF_CONFIG of this host's addresses, written by hand (not by
+        # tfdist.launch, which isolates local jobs): the servers would listen
+        # on every interface of the host.
+        config = _tf_config(PS_CLUSTER)
+        self.listen(config["cluster"]["chief"])
+        counts = []
+        with mock.patch.object(isolation, "_reported", set()), mock.patch.dict(
+                os.environ, {isolation.NOTICE_GIVEN_ENV: ""}), mock.patch.object(
+                isolation, "network_is_private", return_value=False):
+            for _ in range(2):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    with self.assertRaises(errors.ClusterConfigError):
+                        tfdist.ParameterServerStrategy(config, timeout_s=TIMEOUT_S)
+                notices = [w for w in caught if "not isolated" in str(w.message)]
+                counts.append(len(notices))
+                if notices:
+                    self.assertRegex(str(notices[0].message), r"ParameterServerStrategy \(task chief:0\)")
+                    self.assertEqual(notices[0].filename, __file__)  # Points at the caller.
+        self.assertEqual(counts, [1, 0])
 
 if __name__ == "__main__":
     tfdist.testing.main()
