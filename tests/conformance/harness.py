@@ -115,14 +115,7 @@ def make_strategy(
         # gives every contender the same epochs.
         return tf.distribute.OneDeviceStrategy(DEVICES[0])
     if contender == "tf":
-        cls = tf.distribute.MirroredStrategy
-        default_base = cls._collective_key_base
-        # Read by the strategy's constructor only.
-        cls._collective_key_base = new_tf_key_base() if tf_key_base is None else tf_key_base
-        try:
-            return cls(DEVICES, cross_device_ops=cross_device_ops)
-        finally:
-            cls._collective_key_base = default_base
+        return tf_mirrored_strategy(DEVICES, cross_device_ops, tf_key_base=tf_key_base)
     if contender == "tfdist":
         return tfdist.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
     if contender == "tfdist_layer_placement":
@@ -138,6 +131,29 @@ def make_strategy(
                 timeout_seconds=60),
         )
     raise ValueError(f"unknown contender {contender!r}")
+
+
+def tf_mirrored_strategy(
+    devices: Sequence[str],
+    cross_device_ops: tf.distribute.CrossDeviceOps | None = None,
+    *,
+    tf_key_base: int | None = None,
+) -> tf.distribute.MirroredStrategy:
+    """TF's `MirroredStrategy(devices, cross_device_ops)` with collective keys of its own.
+
+    Any test that runs TF's strategy's collectives in a process other test
+    files share must build it here (see `make_strategy`): with TF's default
+    keys it fails, or is cancelled, after another TF strategy whose
+    collectives had other shapes.
+    """
+    cls = tf.distribute.MirroredStrategy
+    default_base = cls._collective_key_base
+    # Read by the strategy's constructor only.
+    cls._collective_key_base = new_tf_key_base() if tf_key_base is None else tf_key_base
+    try:
+        return cls(list(devices), cross_device_ops=cross_device_ops)
+    finally:
+        cls._collective_key_base = default_base
 
 
 def load_mnist_like(

@@ -175,16 +175,20 @@ def tfdist_runs(workdir: str) -> list[str]:
     """Every in-process tfdist strategy through fit, a tape step and weight files; what changed."""
     import tfdist
 
+    # First: the program restarts here in a private network namespace (as
+    # start_local_ps_cluster's contract asks), then starts the servers; the
+    # chief joins them last.
+    ps_cluster = tfdist.testing.start_local_ps_cluster(num_workers=1, num_ps=2)
     before = snapshot()
     found: list[str] = []
     x, y = data()
     devices = [f"/cpu:{i}" for i in range(NUM_DEVICES)]
-    strategies = {  # Made in turn; the parameter-server cluster last (it joins this process).
+    strategies = {  # Made in turn; the parameter-server strategy last (it joins this process).
         "mirrored": lambda: tfdist.MirroredStrategy(devices),
         "layer_placement": lambda: tfdist.LayerPlacementStrategy(devices[:2]),
         "multi_worker": lambda: tfdist.MultiWorkerMirroredStrategy(),
         "parameter_server": lambda: tfdist.ParameterServerStrategy(
-            tfdist.testing.start_local_ps_cluster(num_workers=1, num_ps=2), mode="sync",
+            ps_cluster, mode="sync",
             variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
                 min_shard_bytes=VOCABULARY * EMBEDDING_DIM, max_shards=2)),
     }

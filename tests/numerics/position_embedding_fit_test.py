@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from tests.conformance import harness
 from tests.conformance.user_patterns import TokenAndPositionEmbedding
 from tfdist.collectives import sparse_rows
 from tfdist.testing import numerics
@@ -85,7 +86,7 @@ class PositionEmbeddingFitTest(tf.test.TestCase):
         # (`_deduplicate_sparse_grad`), so there concatenated rows train one
         # device's weights as well.
         contenders = {
-            "tf": lambda: tf.distribute.MirroredStrategy(DEVICES),
+            "tf": lambda: harness.tf_mirrored_strategy(DEVICES),
             "tfdist_without_alignment": lambda: tfdist.MirroredStrategy(DEVICES),
         }
         for name, make in contenders.items():

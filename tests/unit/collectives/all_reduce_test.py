@@ -9,6 +9,7 @@ from absl.testing import parameterized
 import tfdist
 from tfdist import collectives
 from tfdist import errors
+from tests.conformance import harness
 
 DEVICES = tuple(f"/device:CPU:{i}" for i in range(4))
 ALGORITHMS = ("ring", "tree", "reduce_to_one", "auto")
@@ -46,7 +47,8 @@ def _locals(strategy, value):
 
 
 def _strategy(num_devices):
-    return tf.distribute.MirroredStrategy(list(DEVICES[:num_devices]))
+    # Collective keys of its own: test files share processes (harness's docstring).
+    return harness.tf_mirrored_strategy(DEVICES[:num_devices])
 
 
 def _producer_device_index(tensor):

@@ -380,6 +380,17 @@ class RestartInPrivateNetworkTest(_ProcessState):
             r"not isolated: start_local_ps_cluster cannot isolate this process: "
             r"an interactive session .* listen on every interface")
 
+    def test_an_os_without_namespaces_gets_one_notice_by_default(self):
+        refused = errors.LauncherError("cannot create a private network namespace (no)")
+        with mock.patch.object(isolation.PrivateNetwork, "create", side_effect=refused):
+            self.restart(None)
+            self.restart(None)
+            with self.assertRaisesRegex(errors.LauncherError, r"cannot create a private network namespace"):
+                self.restart(True)
+        self.assertLen(self.notices, 1)
+        self.assertIn("not isolated: start_local_ps_cluster cannot isolate this process: cannot create",
+                      self.notices[0])
+
     def test_an_interactive_session_with_isolate_true_raises(self):
         with mock.patch.object(sys, "ps1", ">>> ", create=True), self.assertRaisesRegex(
                 errors.LauncherError, r"interactive session.*tfdist.launch.*isolate=False"):
