@@ -105,6 +105,8 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/placement.py --workload=balance --global_batch_size=1024
 	$(PY) benchmarks/placement.py --workload=rematerialize
 	$(PY) benchmarks/mesh_route.py
+	$(PY) benchmarks/mesh.py --workload=mlp --steps_per_epoch=20
+	$(PY) benchmarks/mesh.py --workload=transformer --steps_per_epoch=20
 
 # The pages of docs/ and the API reference from the docstrings, offline:
 # nitpicky (-n), every warning an error (-W, after reporting them all). The

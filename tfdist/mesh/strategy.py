@@ -140,6 +140,16 @@ class MeshStrategy(tf.distribute.Strategy):
         """The mesh axis batches are split over."""
         return self._batch_dim_name
 
+    def bytes_per_device(self) -> tuple[int, int]:
+        """(bytes each device holds, bytes unsplit) of the variables the scope created.
+
+        Weights, optimizer slots and counters, metrics: what `layout_report`
+        totals. Without the mesh one device would hold the second number.
+        """
+        held = sum(entry.bytes_per_device for entry in self.extended.created)
+        whole = sum(entry.bytes_per_device * entry.slices for entry in self.extended.created)
+        return held, whole
+
     def layout_report(self) -> str:
         """Every variable the scope created: its shape, layout, bytes per device and why.
 
@@ -152,13 +162,11 @@ class MeshStrategy(tf.distribute.Strategy):
             "| variable | shape | layout | bytes per device | why |",
             "|---|---|---|---|---|",
         ]
-        held = whole = 0
         for entry in self.extended.created:
             rows.append(
                 f"| {entry.path} | {entry.shape} | {entry.axes} | {entry.bytes_per_device} | {entry.reason} |"
             )
-            held += entry.bytes_per_device
-            whole += entry.bytes_per_device * entry.slices
+        held, whole = self.bytes_per_device()
         mesh = " x ".join(f"{n}={s}" for n, s in zip(self._spec.axis_names, self._spec.shape))
         rows.append(f"\nMesh {mesh}: each device holds {held} bytes of variables ({whole} unsplit).")
         unused = self.extended.rules.unused()
