@@ -122,9 +122,8 @@ def report_exposure(config: ClusterConfig, strategy_name: str) -> None:
     """
     if config.cluster is None or config.task is None:
         return
-    addresses = [a for job in config.cluster.job_names for a in config.cluster.addresses(job)]
     isolation.report_local_exposure(
-        addresses, what=f"{strategy_name} (task {config.task.name})", report=_warn)
+        [config.cluster.address(task) for task in config.cluster.tasks()], what=f"{strategy_name} (task {config.task.name})", report=_warn)
 
 
 def _warn(notice: str) -> None:
