@@ -10,6 +10,8 @@ own: a split can use both cores where one device uses one; the ideal
 speed-up is 2x) and 3 inter-op threads. Contenders:
 
 - `one device`: no strategy;
+- `TF MirroredStrategy`: TF's built-in data parallelism over the 2 CPUs
+  (TF has no built-in tensor parallelism for `fit` to compare with);
 - `data parallel`: `tfdist.MirroredStrategy` over the 2 CPUs;
 - `mesh 2x1`: `tfdist.MeshStrategy` with the batch split 2 ways, every
   weight whole (data parallelism by DTensor);
@@ -52,11 +54,12 @@ _WARMUP_EPOCHS = flags.DEFINE_integer("warmup_epochs", 2, "Untimed epochs first.
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 3, "Runs of every contender, in turns (the median and the range are reported).")
 _CONTENDER = flags.DEFINE_enum(
-    "contender", None, ["one_device", "data_parallel", "mesh_2x1", "mesh_1x2"],
+    "contender", None, ["one_device", "tf_mirrored", "data_parallel", "mesh_2x1", "mesh_1x2"],
     "Internal: run one contender in this process and print JSON.")
 
 CONTENDERS = {
     "one_device": "one device",
+    "tf_mirrored": "TF MirroredStrategy (built-in)",
     "data_parallel": "data parallel (tfdist.MirroredStrategy)",
     "mesh_2x1": "mesh 2x1 (batch split)",
     "mesh_1x2": "mesh 1x2 (layers split)",
@@ -107,6 +110,7 @@ def _run_contender(name: str) -> dict:
     build, x, y, batch = _workload(np, keras)
     strategy = {
         "one_device": tf.distribute.get_strategy,
+        "tf_mirrored": tf.distribute.MirroredStrategy,
         "data_parallel": tfdist.MirroredStrategy,
         "mesh_2x1": lambda: tfdist.MeshStrategy({"batch": 2, "model": 1}, layout_map=None),
         "mesh_1x2": lambda: tfdist.MeshStrategy({"batch": 1, "model": 2}, layout_map=None),
@@ -155,20 +159,22 @@ def main(argv):
             ).stdout
             runs[name].append(json.loads(output.strip().splitlines()[-1]))
     base = statistics.median(run["step_s"] for run in runs["one_device"])
+    tf_base = statistics.median(run["step_s"] for run in runs["tf_mirrored"])
     print(f"Command: python benchmarks/mesh.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"Workload {_WORKLOAD.value}; 2 logical CPUs (1 intra-op thread each, 3 inter-op threads); "
           f"{_ROUNDS.value} runs of each, each the median of {_REPEATS.value} epochs of "
           f"{_STEPS.value} steps\n")
-    print("| contender | step (ms), median [range] | speed-up vs one device | bytes per device (MiB) |")
-    print("|---|---|---|---|")
+    print("| contender | step (ms), median [range] | speed-up vs one device | vs TF MirroredStrategy "
+          "| bytes per device (MiB) |")
+    print("|---|---|---|---|---|")
     for name, rows in runs.items():
         if "error" in rows[0]:
-            print(f"| {CONTENDERS[name]} | refused: {rows[0]['error']} | | |")
+            print(f"| {CONTENDERS[name]} | refused: {rows[0]['error']} | | | |")
             continue
         steps = sorted(row["step_s"] * 1e3 for row in rows)
         median = statistics.median(steps)
         print(f"| {CONTENDERS[name]} | {median:.1f} [{steps[0]:.1f}-{steps[-1]:.1f}] | "
-              f"{base * 1e3 / median:.2f}x | {rows[0]['bytes'] / 2**20:.1f} |")
+              f"{base * 1e3 / median:.2f}x | {tf_base * 1e3 / median:.2f}x | {rows[0]['bytes'] / 2**20:.1f} |")
 
 
 if __name__ == "__main__":
