@@ -42,7 +42,7 @@ from tfdist import _validation as validation
 from tfdist.data import _checks
 from tfdist.data import row_weights
 
-__all__ = ["batch_rows", "slice_bounds", "split_batches", "take_rows"]
+__all__ = ["batch_rows", "slice_bounds", "slice_sizes", "split_batches", "take_rows", "take_slices"]
 
 # `Any` below: a nested structure (tuple/dict) of tensors, as tf.data yields.
 Nested = Any
@@ -163,6 +163,51 @@ def slice_bounds(
     start = index * quotient + tf.minimum(index, extra)
     size = quotient + tf.cast(index < extra, tf.int64)
     return start, size
+
+
+def slice_sizes(rows: tf.Tensor, num_slices: int) -> tf.Tensor:
+    """The sizes of all `num_slices` slices `slice_bounds` cuts `rows` rows into (int64)."""
+    extra = rows % num_slices
+    ahead = tf.cast(tf.range(num_slices, dtype=tf.int64) < extra, tf.int64)
+    return rows // num_slices + ahead
+
+
+def take_slices(
+    batch: Nested, rows: tf.Tensor, indices: list[int], num_slices: int
+) -> list[Nested]:
+    """Slices `indices` of `batch`, cut `num_slices` ways as `slice_bounds` cuts.
+
+    The same rows as `take_rows(batch, *slice_bounds(rows, i, num_slices))`
+    for each `i` in `indices`, in a few ops per component (one split of
+    each dense tensor, instead of a bound computation and a strided slice
+    per slice): the function a pipeline runs per batch stays small, and so
+    does its set-up per iterator (TF optimizes it at every `iter`).
+
+    Args:
+      batch: A nest of tensors (or None) with `rows` leading rows each.
+      rows: The batch's row count (`batch_rows`).
+      indices: Which slices to return, each in `[0, num_slices)`.
+      num_slices: How many slices the batch is cut into.
+    """
+    sizes = slice_sizes(rows, num_slices)
+    starts = None
+
+    def cut(t: Any) -> list[Any]:
+        nonlocal starts
+        if t is None:
+            return [None] * len(indices)
+        if isinstance(t, tf.RaggedTensor):  # No ragged split: slice each.
+            if starts is None:
+                starts = tf.cumsum(sizes, exclusive=True)
+            return [t[starts[i] : starts[i] + sizes[i]] for i in indices]
+        pieces = tf.split(t, sizes, num=num_slices, axis=0)
+        return [pieces[i] for i in indices]
+
+    columns = [cut(t) for t in tf.nest.flatten(batch)]
+    return [
+        tf.nest.pack_sequence_as(batch, [column[k] for column in columns])
+        for k in range(len(indices))
+    ]
 
 
 def take_rows(batch: Nested, start: tf.Tensor, size: tf.Tensor) -> Nested:

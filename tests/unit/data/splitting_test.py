@@ -122,6 +122,35 @@ class SplitBatchesTest(tf.test.TestCase, parameterized.TestCase):
             tfdist.data.split_batches([1, 2, 3], None)
 
 
+class TakeSlicesTest(tf.test.TestCase):
+    """take_slices (one split per component) cuts as slice_bounds and take_rows do."""
+
+    @_SETTINGS
+    @hypothesis.given(
+        rows=st.integers(0, 23),
+        num_slices=st.integers(1, 6),
+        data=st.data(),
+    )
+    def test_each_slice_equals_take_rows_of_its_bounds(self, rows, num_slices, data):
+        indices = data.draw(st.lists(st.integers(0, num_slices - 1), min_size=1, max_size=4))
+        row_lengths = data.draw(st.lists(st.integers(0, 3), min_size=rows, max_size=rows))
+        batch = {
+            "dense": tf.reshape(tf.range(rows * 2), [rows, 2]),
+            "ragged": tf.RaggedTensor.from_row_lengths(
+                tf.range(sum(row_lengths)), tf.constant(row_lengths, tf.int64)),
+            "absent": None,
+        }
+        row_count = tf.constant(rows, tf.int64)
+        got = tfdist.data.splitting.take_slices(batch, row_count, indices, num_slices)
+        self.assertLen(got, len(indices))
+        for index, part in zip(indices, got):
+            start, size = tfdist.data.splitting.slice_bounds(row_count, index, num_slices)
+            want = tfdist.data.splitting.take_rows(batch, start, size)
+            self.assertIsNone(part["absent"])
+            self.assertAllEqual(part["dense"], want["dense"])
+            self.assertAllEqual(part["ragged"].to_list(), want["ragged"].to_list())
+
+
 class ShardSplitRemainderTest(tf.test.TestCase):
     @_SETTINGS
     @hypothesis.given(

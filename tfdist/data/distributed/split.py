@@ -89,15 +89,12 @@ def split_batch(
         the values' type spec for the training check).
     """
     rows = splitting.batch_rows([t for t in tf.nest.flatten(batch) if t is not None])
-    parts = [
-        splitting.take_rows(
-            batch,
-            *splitting.slice_bounds(
-                rows, layout.slice_index(r), layout.num_replicas_in_sync
-            ),
-        )
-        for r in range(layout.num_local_replicas)
-    ]
+    parts = splitting.take_slices(
+        batch,
+        rows,
+        [layout.slice_index(r) for r in range(layout.num_local_replicas)],
+        layout.num_replicas_in_sync,
+    )
     return tf.nest.map_structure(
         lambda *leaves: None
         if leaves[0] is None
