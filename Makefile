@@ -52,8 +52,11 @@ demo: $(EXTRAS_DEMO)
 	$(PY) examples/digits.py
 
 # Every stage runs, whatever the ones before it did; the run fails at the end
-# if any stage failed, after one line per stage (tools/run_stages.sh).
-TEST_STAGES := test-keras3 test-tfkeras lint docs
+# if any stage failed, after one line per stage (tools/run_stages.sh). The
+# two test stages run side by side (a+b): each leaves the cores idle at
+# times (waits on peers, timeouts, one file finishing last) and the other
+# fills that time; their outputs print one after the other.
+TEST_STAGES := test-keras3+test-tfkeras lint docs
 
 test: $(EXTRAS_TEST)
 	MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES)
