@@ -95,6 +95,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/fit.py --workload=throughput
 	$(PY) benchmarks/fit.py --workload=latency
 	$(PY) benchmarks/fit.py --workload=epochs
+	$(PY) benchmarks/epoch_boundary.py
 	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/multiworker.py --workload=comm_bound
 	$(PY) benchmarks/multiworker.py --workload=compute_bound

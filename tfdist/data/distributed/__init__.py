@@ -9,7 +9,9 @@ Every tfdist strategy distributes a dataset the same way (`distribute`):
 - the slices travel as a `PerReplica` value (a tfdist subclass that also
   knows the global batch's rows, `tfdist/_internal/input_values.py`), so
   custom loops see exactly the user's element structure, read by a plain
-  host iterator (`dataset`);
+  host iterator (`dataset`), destroyed off the training thread when
+  dropped (`iterator_reaper`: Keras drops one per epoch, and destroying it
+  can wait for tf.data's autotuning thread);
 - across workers, every worker reads the same batches when its pipeline
   is deterministic (`determinism`), and otherwise the chief runs the one
   pipeline and serves each worker its slices through TF's tf.data service
