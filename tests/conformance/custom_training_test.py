@@ -308,6 +308,7 @@ class CustomTrainingTutorialTest(harness.ConformanceTestCase):
         self.assert_values_match(self.records["tfdist"], self.records["one_device"], ["for_loop_weights"])
 
     @unittest.skipUnless(harness.KERAS_3, "the failure is Keras 3's")
+    @harness.needs_tf_contender
     def test_tf_strategy_fails_with_placeholder_error_under_keras3(self):
         self.assert_failed_with(
             self.records["tf"], "InvalidArgumentError",
@@ -315,6 +316,7 @@ class CustomTrainingTutorialTest(harness.ConformanceTestCase):
         self.assertEmpty(self.records["tf"].values, "it fails at the first step")
 
     @unittest.skipIf(harness.KERAS_3, "under Keras 3 TF's strategy fails (test above)")
+    @harness.needs_tf_contender
     def test_tf_strategy_matches_one_device_under_tf_keras(self):
         # As tfdist's: every value, the weights after the for-loop epochs.
         self.assert_values_match(

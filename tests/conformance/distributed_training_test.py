@@ -204,6 +204,7 @@ class DistributedTrainingGuideTest(harness.ConformanceTestCase, parameterized.Te
             self.records["keras_fit"]["tfdist"], self.records["keras_fit"]["one_device"])
 
     @unittest.skipUnless(harness.KERAS_3, "the failure is Keras 3's")
+    @harness.needs_tf_contender
     def test_tf_strategy_fit_fails_with_addn_shape_error_under_keras3(self):
         self.assert_failed_with(
             self.records["keras_fit"]["tf"], "InvalidArgumentError",
@@ -211,6 +212,7 @@ class DistributedTrainingGuideTest(harness.ConformanceTestCase, parameterized.Te
         self.assertEmpty(self.records["keras_fit"]["tf"].train_counts, "it fails before training")
 
     @unittest.skipIf(harness.KERAS_3, "under Keras 3 TF's strategy fails (test above)")
+    @harness.needs_tf_contender
     def test_tf_strategy_fit_matches_one_device_at_global_batch_10_under_tf_keras(self):
         self.assert_same_results(
             self.records["keras_fit"]["tf"], self.records["keras_fit"]["one_device"])
@@ -222,12 +224,14 @@ class DistributedTrainingGuideTest(harness.ConformanceTestCase, parameterized.Te
         self.assert_same_results(self.records["fit_numpy"]["tfdist"], self.records["fit_numpy"]["one_device"])
 
     @unittest.skipUnless(harness.KERAS_3, "the failure is Keras 3's")
+    @harness.needs_tf_contender
     def test_tf_strategy_fit_numpy_fails_with_addn_shape_error_under_keras3(self):
         self.assert_failed_with(
             self.records["fit_numpy"]["tf"], "InvalidArgumentError",
             "Inputs to operation AddN of type AddN must have the same size and shape")
 
     @unittest.skipIf(harness.KERAS_3, "under Keras 3 TF's strategy fails (test above)")
+    @harness.needs_tf_contender
     def test_tf_strategy_fit_numpy_matches_one_device_under_tf_keras(self):
         self.assert_same_results(self.records["fit_numpy"]["tf"], self.records["fit_numpy"]["one_device"])
 
@@ -243,6 +247,7 @@ class DistributedTrainingGuideTest(harness.ConformanceTestCase, parameterized.Te
         self.assert_same_results(self.records[scenario]["tfdist"], self.records[scenario]["one_device"])
 
     @parameterized.named_parameters(*CUSTOM_LOOP_SCENARIOS)
+    @harness.needs_tf_contender
     def test_tf_strategy_custom_loop_matches_one_device(self, scenario):
         self.assert_same_results(self.records[scenario]["tf"], self.records[scenario]["one_device"])
 

@@ -37,6 +37,7 @@ import logging
 import os
 import shutil
 import tempfile
+import unittest
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -55,7 +56,28 @@ DEVICES = [f"/cpu:{i}" for i in range(NUM_REPLICAS)]
 SEED = 7
 #: Examples `load_mnist_like` has (scikit-learn's digits): ids are below it.
 NUM_DIGITS = 1797
-CONTENDERS = ("one_device", "tf", "tfdist")
+#: Whether this run includes TF's own strategy as a contender. CI's tf-keras
+#: stage leaves it out (TFDIST_TEST_TF_CONTENDER=0, `make test-tfkeras`):
+#: it checks TensorFlow's behaviour, not tfdist's, and it is the costliest
+#: contender (it traces each replica apart); the Keras 3 stage and `make
+#: test-all` run it (CONTRIBUTING.md, "CI").
+TF_CONTENDER = os.environ.get("TFDIST_TEST_TF_CONTENDER", "1") != "0"
+CONTENDERS = ("one_device", "tf", "tfdist") if TF_CONTENDER else ("one_device", "tfdist")
+_NO_TF_CONTENDER = (
+    "checks TF's own strategy, left out of this run (TFDIST_TEST_TF_CONTENDER=0, "
+    "CI's tf-keras stage); `make test-all` runs it"
+)
+
+
+def needs_tf_contender(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Skips `test` (it reads TF's strategy's record) in a run without that contender."""
+    return unittest.skipUnless(TF_CONTENDER, _NO_TF_CONTENDER)(test)
+
+
+def skip_unless_run(test: unittest.TestCase, contender: str) -> None:
+    """Skips `test` if `contender` (one of a parameterized test's) is not run here."""
+    if contender == "tf" and not TF_CONTENDER:
+        test.skipTest(_NO_TF_CONTENDER)
 
 #: Same examples, same order, same initial weights: the runs differ in how
 #: float32 sums are grouped (per replica, then across replicas). Over a few

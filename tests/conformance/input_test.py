@@ -364,12 +364,14 @@ class InputTutorialTest(harness.ConformanceTestCase, parameterized.TestCase):
             self.records[scenario]["tfdist"], self.records[scenario]["one_device"])
 
     @parameterized.named_parameters((name, name) for name in COMPARABLE)
+    @harness.needs_tf_contender
     def test_tf_strategy_matches_one_device(self, scenario):
         self.assert_same_results(
             self.records[scenario]["tf"], self.records[scenario]["one_device"])
 
     @parameterized.named_parameters(("tf", "tf"), ("tfdist", "tfdist"))
     def test_values_from_function_gives_each_replica_its_id(self, contender):
+        harness.skip_unless_run(self, contender)
         record = self.records["values_from_function"][contender]
         self.assert_ran(record)
         self.assertAllEqual(

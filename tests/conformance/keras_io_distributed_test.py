@@ -187,6 +187,7 @@ class KerasIoDistributedGuideTest(harness.ConformanceTestCase):
             self.records["tfdist"], self.records["one_device"],
             rtol=ADAM_DRIFT_RTOL, atol=ADAM_DRIFT_ATOL)
 
+    @harness.needs_tf_contender
     def test_tf_strategy_matches_one_device(self):
         self.assert_same_results(
             self.records["tf"], self.records["one_device"],

@@ -162,6 +162,7 @@ class KerasTutorialTest(harness.ConformanceTestCase):
     def test_tfdist_matches_one_device(self):
         self.assert_same_results(self.records["tfdist"], self.records["one_device"])
 
+    @harness.needs_tf_contender
     def test_tf_strategy_matches_one_device_too(self):
         self.assert_same_results(self.records["tf"], self.records["one_device"])
 

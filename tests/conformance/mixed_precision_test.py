@@ -396,6 +396,7 @@ class MixedPrecisionGuideTest(harness.ConformanceTestCase):
         test = harness.expected_counts(harness.NUM_DIGITS, slice(NUM_TRAIN, NUM_TRAIN + NUM_TEST))
         self.assert_inference_counts(self.records["tfdist"], [validation, test])
 
+    @harness.needs_tf_contender
     def test_tfdist_fit_matches_tf_strategy(self):
         # The same per-replica float16 arithmetic on the same CPU: only the
         # order of the float32 all-reduce's sums differs.
@@ -413,10 +414,12 @@ class MixedPrecisionGuideTest(harness.ConformanceTestCase):
     def test_tfdist_custom_loop_matches_one_device(self):
         self.assert_custom_loop_matches_one_device("tfdist")
 
+    @harness.needs_tf_contender
     def test_tf_strategy_fit_matches_one_device(self):
         self.assert_fit_matches_one_device("tf")
 
     @unittest.skipUnless(harness.KERAS_3, "the failure is Keras 3's")
+    @harness.needs_tf_contender
     def test_tf_strategy_custom_loop_fails_with_placeholder_error_under_keras3(self):
         self.assert_failed_with(
             self.records["tf"], "InvalidArgumentError",
@@ -424,10 +427,12 @@ class MixedPrecisionGuideTest(harness.ConformanceTestCase):
         self.assertNotIn("custom_loop_loss", self.records["tf"].values, "it fails at the first step")
 
     @unittest.skipIf(harness.KERAS_3, "under Keras 3 TF's strategy fails (test above)")
+    @harness.needs_tf_contender
     def test_tf_strategy_custom_loop_matches_one_device_under_tf_keras(self):
         self.assert_custom_loop_matches_one_device("tf")
 
     @unittest.skipIf(harness.KERAS_3, "under Keras 3 TF's strategy fails its custom loop")
+    @harness.needs_tf_contender
     def test_tfdist_custom_loop_matches_tf_strategy_under_tf_keras(self):
         self.assert_same_results(self.records["tfdist"], self.records["tf"])
 

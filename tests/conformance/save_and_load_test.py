@@ -217,6 +217,7 @@ class SaveAndLoadTutorialTest(harness.ConformanceTestCase, parameterized.TestCas
             self.records["keras_format"]["tfdist"], self.records["keras_format"]["one_device"],
             atol=KERAS_FORMAT_ATOL)
 
+    @harness.needs_tf_contender
     def test_tf_strategy_keras_format_matches_one_device(self):
         self.assert_same_results(
             self.records["keras_format"]["tf"], self.records["keras_format"]["one_device"],
@@ -226,6 +227,7 @@ class SaveAndLoadTutorialTest(harness.ConformanceTestCase, parameterized.TestCas
         self.assert_same_results(
             self.records["saved_model"]["tfdist"], self.records["saved_model"]["one_device"])
 
+    @harness.needs_tf_contender
     def test_tf_strategy_saved_model_signature_matches_one_device(self):
         self.assert_same_results(
             self.records["saved_model"]["tf"], self.records["saved_model"]["one_device"])
@@ -251,6 +253,7 @@ class SaveAndLoadTutorialTest(harness.ConformanceTestCase, parameterized.TestCas
             self.records["keras_save_without_extension"]["one_device"])
 
     @unittest.skipIf(harness.KERAS_3, "Keras 3 refuses the save (test above)")
+    @harness.needs_tf_contender
     def test_tf_strategy_loads_keras_savedmodel_under_strategy_under_tf_keras(self):
         self.assert_same_results(
             self.records["keras_save_without_extension"]["tf"],
@@ -263,6 +266,7 @@ class SaveAndLoadTutorialTest(harness.ConformanceTestCase, parameterized.TestCas
             self.records["io_device_options"]["one_device"])
 
     @unittest.skipIf(harness.KERAS_3, "Keras 3 refuses the save (test above)")
+    @harness.needs_tf_contender
     def test_tf_strategy_loads_with_io_device_options_under_tf_keras(self):
         self.assert_same_results(
             self.records["io_device_options"]["tf"],

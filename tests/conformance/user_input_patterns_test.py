@@ -170,6 +170,7 @@ class UserInputPatternsTest(harness.ConformanceTestCase, parameterized.TestCase)
         self.assert_same_results(self.records[scenario]["tfdist"], self.records[scenario]["one_device"])
 
     @parameterized.named_parameters(named(SCENARIOS))
+    @harness.needs_tf_contender
     def test_tf_strategy_matches_one_device(self, scenario):
         if harness.KERAS_3 and scenario in TF_UNDER_KERAS3:
             self.skipTest(f"under Keras 3 TF's strategy fails: {TF_UNDER_KERAS3[scenario]}")
@@ -181,12 +182,14 @@ class UserInputPatternsTest(harness.ConformanceTestCase, parameterized.TestCase)
         )
 
     @unittest.skipUnless(harness.KERAS_3, "the failure is Keras 3's")
+    @harness.needs_tf_contender
     def test_tf_strategy_fails_validation_data_smaller_than_a_batch_with_addn_shape_error_under_keras3(self):
         self.assert_failed_with(
             self.records["validation_data_smaller_than_a_batch"]["tf"], "InvalidArgumentError",
             "Inputs to operation AddN of type AddN must have the same size and shape")
 
     @unittest.skipUnless(harness.KERAS_3, "the failure is Keras 3's")
+    @harness.needs_tf_contender
     def test_tf_strategy_fails_steps_per_execution_with_placeholder_error_under_keras3(self):
         self.assert_failed_with(
             self.records["steps_per_execution"]["tf"], "InvalidArgumentError",

@@ -108,6 +108,7 @@ class UserModelPatternsTest(harness.ConformanceTestCase, parameterized.TestCase)
         self.assert_same_results(self.records[scenario]["tfdist"], self.records[scenario]["one_device"])
 
     @parameterized.named_parameters(named(COMPARABLE))
+    @harness.needs_tf_contender
     def test_tf_strategy_matches_one_device(self, scenario):
         if harness.KERAS_3 and scenario == "overridden_train_step":
             self.skipTest("under Keras 3 every strategy logs another loss: "
@@ -123,6 +124,7 @@ class UserModelPatternsTest(harness.ConformanceTestCase, parameterized.TestCase)
     @unittest.skipUnless(harness.KERAS_3, "tf-keras logs one device's loss")
     @parameterized.named_parameters(("tf", "tf"), ("tfdist", "tfdist"))
     def test_overridden_train_step_logs_loss_divided_by_replicas_under_keras3(self, contender):
+        harness.skip_unless_run(self, contender)
         # Keras 3's compute_loss returns the loss times 1 / num_replicas_in_sync
         # (to sum gradients over replicas); only Keras's own train_step
         # unscales it before its loss tracker. The weights are one device's
@@ -133,11 +135,13 @@ class UserModelPatternsTest(harness.ConformanceTestCase, parameterized.TestCase)
                             rtol=harness.RTOL, atol=harness.ATOL)
         self.assertAllClose(history["accuracy"], reference["accuracy"])
 
+    @harness.needs_tf_contender
     def test_tfdist_batch_normalization_matches_tf_strategy(self):
         self.assert_same_results(
             self.records["batch_normalization"]["tfdist"], self.records["batch_normalization"]["tf"],
             rtol=BATCH_NORM_RTOL, atol=BATCH_NORM_ATOL)
 
+    @harness.needs_tf_contender
     def test_tf_strategy_batch_normalization_differs_from_one_device(self):
         # Each replica normalizes by its own 8 rows' statistics, one device
         # by the 32 rows': the trained weights differ beyond rounding.
@@ -155,6 +159,7 @@ class UserModelPatternsTest(harness.ConformanceTestCase, parameterized.TestCase)
             self.records["synchronized_batch_normalization"]["one_device"],
             rtol=BATCH_NORM_RTOL, atol=BATCH_NORM_ATOL)
 
+    @harness.needs_tf_contender
     def test_tf_strategy_synchronized_batch_normalization_matches_one_device(self):
         self.assert_same_results(
             self.records["synchronized_batch_normalization"]["tf"],
