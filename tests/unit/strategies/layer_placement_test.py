@@ -33,18 +33,18 @@ def _model(widths=(16, 16, 3), name_prefix="d"):
     return model
 
 
-def _fit(strategy, widths=(16, 16, 3)):
+def _fit(strategy, widths=(16, 16, 3), batch_size=16):
     with strategy.scope():
         model = _model(widths)
-    return _fit_model(model)
+    return _fit_model(model, batch_size)
 
 
-def _fit_model(model):
+def _fit_model(model, batch_size=16):
     rng = np.random.default_rng(0)
     model.fit(
-        rng.normal(size=(32, 8)).astype("float32"),
-        rng.normal(size=(32, model.output_shape[-1])).astype("float32"),
-        batch_size=16, epochs=1, verbose=0,
+        rng.normal(size=(2 * batch_size, 8)).astype("float32"),
+        rng.normal(size=(2 * batch_size, model.output_shape[-1])).astype("float32"),
+        batch_size=batch_size, epochs=1, verbose=0,
     )
     return model
 
@@ -187,13 +187,23 @@ class PlanAtFirstStepTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(("flops", "flops"), ("measured", "measured"))
     def test_balance_by_flops_and_measured_plan_real_models(self, balance_by):
         strategy = tfdist.LayerPlacementStrategy(DEVICES[:2], balance_by=balance_by)
-        _fit(strategy, widths=(64, 512, 1024, 4))
+        _fit(strategy, widths=(64, 512, 4096, 4), batch_size=256)
         plan = strategy.placement_plan()
         self.assertEqual(plan.balance_by, balance_by)
         self.assertGreater(plan.stages[0].cost, 0)
-        # d2 (512 x 1024) outweighs the rest together: a stage of its own
-        # (with the small last layer).
-        self.assertEqual(plan.stages[0].layers, ("d0", "d1"))
+        self.assertEqual(sum((stage.layers for stage in plan.stages), ()), ("d0", "d1", "d2", "d3"))
+        if balance_by == "flops":
+            # d2 (512 x 4096) outweighs the rest together: a stage of its
+            # own (with the small last layer).
+            self.assertEqual(plan.stages[0].layers, ("d0", "d1"))
+        else:
+            # Which small layer joins d2 follows their timings, which a
+            # loaded machine reorders (CI saw d0 timed above d2+d3 on 16-row
+            # batches): a benchmark's matter. d2 takes ~10x the others'
+            # time together on 256 rows, so its stage bounds the pipeline,
+            # and the costs are seconds.
+            self.assertIn("d2", max(plan.stages, key=lambda stage: stage.cost).layers)
+            self.assertLess(plan.bottleneck, 10.0)
 
 
 class CustomLoopTest(tf.test.TestCase):
