@@ -133,34 +133,44 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
 
     def update_variable(self, var: Any, fn: Any, args: Any, kwargs: Any) -> Any:
         # DTensor places the update on the devices holding each slice.
-        for arg in args:
-            if isinstance(arg, tf.IndexedSlices):
-                self._check_row_update(var)
+        if any(isinstance(arg, tf.IndexedSlices) for arg in args) and self._row_update_densified(var):
+            args = tuple(tf.convert_to_tensor(a) if isinstance(a, tf.IndexedSlices) else a for a in args)
         return fn(var, *(_laid_out_like(arg, var) for arg in args), **kwargs)
 
-    def _check_row_update(self, var: Any) -> None:
-        """Refuses a row update (an embedding's gradient) DTensor would apply wrongly.
+    def _row_update_densified(self, var: Any) -> bool:
+        """Whether `var`'s row gradient (an embedding's) is applied as a dense one.
 
         Keras applies an `IndexedSlices` gradient with row scatters. Where the
         batch is split, or the variable is, TF 2.21's DTensor reorders the
         optimizer's reads and writes around them: seen on 4 logical CPUs,
         Adam's update of the model's other variables then reads its moments
-        before they were written, and those variables do not move. Only a
-        whole variable on a mesh whose batch axis has size 1 is applied as on
-        one device.
+        before they were written, and those variables do not move. A whole
+        variable on a mesh whose batch axis has size 1 takes its row update
+        as on one device (False). A table split by rows on such a mesh takes
+        the gradient made dense, as Keras 3's optimizers compute with it
+        anyway (equal to one device: tested with SGD and momentum on a
+        transformer block; the dense gradient costs the table's size per
+        step) (True). Anything else is refused: with the batch split
+        or a table split by columns, training still diverges from one device
+        (seen on a transformer block), not yet traced.
+
+        Raises:
+          LayoutError: For those other cases.
         """
         batch = self.rules.mesh.axis_size(self.batch_dim_name)
-        split = [a for a in var.layout.sharding_specs if a != dtensor.UNSHARDED]
+        split = [i for i, a in enumerate(var.layout.sharding_specs) if a != dtensor.UNSHARDED]
         if batch == 1 and not split:
-            return
+            return False
+        if batch == 1 and split == [0]:
+            return True
         raise errors.LayoutError(
             f"variable {var.name!r} gets row gradients (an embedding lookup's), which "
             f"MeshStrategy cannot apply yet with the batch split over {batch} devices "
             f"(batch_dim_name={self.batch_dim_name!r}) or the variable split "
             f"({var.layout.sharding_specs}): TF's DTensor reorders the optimizer's reads "
             "and writes around them and training silently diverges from one device. "
-            "Use a mesh whose batch axis has size 1 and keep this variable whole "
-            "(leave it out of layout_map)."
+            "Use a mesh whose batch axis has size 1, and keep this variable whole "
+            "(leave it out of layout_map) or split it by rows only (('model', None))."
         )
 
     @property

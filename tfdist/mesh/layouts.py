@@ -289,9 +289,10 @@ class AutomaticLayouts:
       layers; a column-parallel layer's bias is split with its outputs;
     - convolution kernels by output channels (their last dimension), and
       their biases;
-    - embeddings whole: a split table's row gradients are not applied yet
-      (`MeshStrategy`'s limits), nor anything else (normalization, metrics,
-      counters).
+    - embeddings whole: a split table's row gradients are applied only
+      with the batch unsplit and the table split by rows (`MeshStrategy`'s
+      limits), which a `layout_map` can ask for; nor anything else
+      (normalization, metrics, counters).
 
     The rules see each variable's path and shape in creation order (Keras
     builds a layer's kernel, then its bias); `explain(path)` says which rule
@@ -335,7 +336,10 @@ class AutomaticLayouts:
         parent = layer.rpartition("/")[2]
         m = self._axis
         if leaf == "embeddings":
-            return whole, "embedding: whole (split tables' row gradients are not applied yet)"
+            return whole, (
+                "embedding: whole (a table split by rows trains only with the batch "
+                "unsplit: give it in layout_map)"
+            )
         if leaf == "kernel" and len(shape) == 3 and parent in _ATTENTION_INPUTS:
             if self._divides(shape[1]):
                 self._split_layers.add(layer)

@@ -36,8 +36,8 @@ one device, and under tf-keras fails (neither traced yet); under tf-keras, a bat
 DTensor loses tf-keras optimizers' updates when the batch is split); one process (the mesh is this process's devices); layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding's row gradients are
-applied only whole and with the batch unsplit (`LayoutError` otherwise:
-TF's DTensor applies them wrongly); a last batch the batch axis does not
+applied only with the batch unsplit and the table whole or split by rows
+(`LayoutError` otherwise: TF's DTensor applies them wrongly); a last batch the batch axis does not
 divide runs whole on every device (correct, not split).
 """
 
