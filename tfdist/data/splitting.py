@@ -190,16 +190,10 @@ def take_slices(
       num_slices: How many slices the batch is cut into.
     """
     sizes = slice_sizes(rows, num_slices)
-    starts = None
 
     def cut(t: Any) -> list[Any]:
-        nonlocal starts
-        if t is None:
-            return [None] * len(indices)
-        if isinstance(t, tf.RaggedTensor):  # No ragged split: slice each.
-            if starts is None:
-                starts = tf.cumsum(sizes, exclusive=True)
-            return [t[starts[i] : starts[i] + sizes[i]] for i in indices]
+        if t is None or isinstance(t, tf.RaggedTensor):  # No ragged split: slice each.
+            return [take_rows(t, *slice_bounds(rows, i, num_slices)) for i in indices]
         pieces = tf.split(t, sizes, num=num_slices, axis=0)
         return [pieces[i] for i in indices]
 
