@@ -9,6 +9,7 @@ labelled by whether its low tokens outnumber its high ones. A single-device
 Keras script plus the lines marked `# tfdist:`.
 
     python examples/transformer.py                   # mesh 1x4: each layer split 4 ways
+    python examples/transformer.py --mesh=2x2        # hybrid: batch split 2 ways, layers 2 ways
     python examples/transformer.py --mesh=1x2 --simulate_cpu_devices=2
     python examples/transformer.py --strategy=mirrored   # data parallel, to compare
     python examples/transformer.py --strategy=single     # one device
@@ -16,11 +17,9 @@ Keras script plus the lines marked `# tfdist:`.
 
 With --strategy=mesh the layouts are chosen automatically (Megatron's rules:
 attention by heads, the feed-forward pair column- then row-parallel,
-embeddings whole), and the layout report says what each variable got and
-why. Keras 3 only for the mesh (tf-keras's LayerNormalization cannot be laid
-out by TF's DTensor), and its batch axis must be 1 here: the embeddings'
-row gradients cannot be applied with the batch split yet (docs/mesh.md,
-"Limits").
+embedding tables by rows), and the layout report says what each variable
+got and why. Keras 3 only for the mesh (tf-keras's LayerNormalization and
+its optimizers' row updates cannot be laid out by TF's DTensor).
 
 Prints Keras's progress, then per-epoch validation accuracy and examples/s,
 the layout report (mesh), and the test accuracy.

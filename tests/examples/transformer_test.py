@@ -29,7 +29,7 @@ def _run(args):
 
 class TransformerExampleTest(absltest.TestCase):
 
-    def test_mesh_splits_attention_by_heads_and_the_feed_forward_pair(self):
+    def test_mesh_splits_attention_by_heads_the_feed_forward_pair_and_the_tables(self):
         result = _run([])  # The default: a 1x4 mesh, automatic layouts.
         self.assertEqual(result.returncode, 0, msg=result.stderr[-3000:])
         self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
@@ -39,7 +39,7 @@ class TransformerExampleTest(absltest.TestCase):
             ("attention_output/kernel", r"\('model', None, None\)", "split by heads"),
             ("dense/kernel", r"\(None, 'model'\)", "column-parallel"),
             ("dense_1/kernel", r"\('model', None\)", "row-parallel"),
-            ("token_and_position_embedding/embedding/embeddings", r"\(None, None\)", "embedding: whole"),
+            ("token_and_position_embedding/embedding/embeddings", r"\('model', None\)", "embedding: split by rows"),
         ):
             with self.subTest(variable=variable):
                 self.assertRegex(result.stdout, rf"[ /]{variable} \| [^|]+ \| {axes} \| \d+ \| [^|\n]*{why}")

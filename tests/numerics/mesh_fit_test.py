@@ -1,9 +1,10 @@
 """tfdist.MeshStrategy through model.fit equals one-device training.
 
 Meshes (1, 4), (2, 2) and (4, 1) of 4 logical CPUs ("batch" x "model"),
-SGD and Adam, on a column-then-row Dense pair (Megatron's MLP) and on a
-transformer block (token embedding split by columns, attention by heads,
-its MLP column-then-row, layer norms whole); 70 examples in batches of 16,
+SGD and Adam, on a column-then-row Dense pair (Megatron's MLP), on a
+transformer block (attention by heads, its MLP column-then-row, layer norms
+whole, the token table whole or split by rows) and on an embedding bag
+trained by Adam (its row updates sparse); 70 examples in batches of 16,
 so the last batch (6) is one the 4-way batch axis does not divide.
 Weights, loss history, `evaluate` and `predict` agree to float32 rounding;
 weights saved under a mesh load on one device and back; a device holds a
@@ -11,9 +12,13 @@ quarter of a 4-way split model (read from the variables' slices).
 
 Under Keras 3 the mesh and layouts are Keras's own
 (`keras.distribution.DeviceMesh`, `LayoutMap`); under tf-keras, which has
-none, tfdist's of the same signatures (`tfdist.mesh`), on 1 x 4 meshes: TF's
-DTensor mishandles tf-keras with the batch split and tf-keras's layer norm,
-which the strategy refuses (tested).
+none, tfdist's of the same signatures (`tfdist.mesh`); TF's DTensor cannot
+lay out tf-keras's layer norm, which the strategy refuses (tested).
+
+With the batch split, TF 2.21's DTensor ran a read of an optimizer slot
+before its write (every weight one step behind) until the strategy
+forwarded writes to reads: the transformer on 4 x 1, the custom loop on
+4 x 1 and tf-keras on a split batch are the tests that caught it.
 """
 
 from __future__ import annotations
@@ -47,8 +52,7 @@ MLP_LAYOUT = {
     ".*up/bias": ("model",),
     ".*down/kernel": ("model", None),  # row-parallel: one all-reduce after it
 }
-# The token table stays whole: row gradients are applied only whole and with
-# the batch unsplit (MeshErrorsTest).
+# The token table stays whole here; split by rows in its own test.
 TRANSFORMER_LAYOUT = {
     ".*attention/(query|key|value)/kernel": (None, "model", None),  # by heads
     ".*attention/(query|key|value)/bias": ("model", None),
@@ -114,6 +118,25 @@ def _data(tokens=False):
     return x, rng.integers(0, 3, NUM_EXAMPLES).astype("int32")
 
 
+def _embedding_bag():
+    # Adam on row gradients: Keras applies them sparse, and squares each
+    # looked-up row's gradient before the repeats of a token are summed, so
+    # a dense gradient would train another model (0.05 away after 2 epochs).
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((6,), dtype="int32"),
+        keras.layers.Embedding(32, 8, name="token"),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(3, name="head"),
+    ])
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
 @functools.cache
 def _reference(optimizer=None):
     """One device's run of `_mlp(optimizer)` (`None`: of `_transformer`), trained once per file."""
@@ -133,11 +156,12 @@ def _strategy(shape, layout):
     return tfdist.MeshStrategy(mesh, layout_map=layout_map, batch_dim_name="batch")
 
 
-# TF's DTensor loses tf-keras optimizers' updates where the batch is split, and
-# cannot lay out tf-keras's LayerNormalization (FusedBatchNormV3): the strategy
-# refuses both with LayoutError (MeshErrorsTest).
-TF_KERAS_SPLIT_BATCH = "under tf-keras a split batch is refused (tested in MeshErrorsTest)"
+# TF's DTensor cannot lay out tf-keras's LayerNormalization (FusedBatchNormV3):
+# the strategy refuses it with LayoutError (MeshErrorsTest).
 TF_KERAS_LAYER_NORM = "tf-keras's LayerNormalization is refused on a mesh (tested in MeshErrorsTest)"
+TF_KERAS_ROW_UPDATES = (
+    "tf-keras's optimizers update a table's rows with ResourceScatterAdd, which TF's DTensor "
+    "cannot lay out: refused on a mesh (tested in MeshErrorsTest)")
 
 
 def _grid():
@@ -154,8 +178,6 @@ class MeshFitTest(parameterized.TestCase):
 
     @parameterized.named_parameters(*_grid())
     def test_column_then_row_dense_fit_matches_one_device(self, shape, optimizer):
-        if not KERAS_3 and shape[0] > 1:
-            self.skipTest(TF_KERAS_SPLIT_BATCH)
         x, y = _data()
         comparison = numerics.assert_matches_single_device(
             _mlp(optimizer), _strategy(shape, MLP_LAYOUT), x, y,
@@ -168,10 +190,14 @@ class MeshFitTest(parameterized.TestCase):
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL,
         )
 
-    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_LAYER_NORM)
-    def test_transformer_block_split_by_heads_matches_one_device(self):
+    @parameterized.named_parameters(("tensor_parallel", (1, 4)), ("batch_split", (4, 1)))
+    def test_transformer_block_split_by_heads_matches_one_device(self, shape):
+        if not KERAS_3:
+            self.skipTest(TF_KERAS_LAYER_NORM)
+        # On 4 x 1 attention's 3-D kernels made TF's DTensor read SGD's
+        # momentum before writing it, until writes were forwarded to reads.
         x, y = _data(tokens=True)
-        strategy = _strategy((1, 4), TRANSFORMER_LAYOUT)
+        strategy = _strategy(shape, TRANSFORMER_LAYOUT)
         comparison = numerics.assert_matches_single_device(
             _transformer, strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
@@ -181,6 +207,7 @@ class MeshFitTest(parameterized.TestCase):
         del comparison
         report = strategy.layout_report()
         self.assertRegex(report, r"attention/query/kernel \| \(16, 4, 4\) \| \(None, 'model', None\)")
+        self.assertRegex(report, r"token/embeddings \| \(32, 16\) \| \(None, None\)")
         self.assertRegex(report, r"norm_1/gamma \| \(16,\) \| \(None,\)")
 
     @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_LAYER_NORM)
@@ -198,7 +225,7 @@ class MeshFitTest(parameterized.TestCase):
             ("attention/value/kernel", r"\(None, 'model', None\)", "split by heads"),
             ("mlp_up/kernel", r"\(None, 'model'\)", "column-parallel"),
             ("mlp_down/kernel", r"\('model', None\)", "row-parallel"),
-            ("token/embeddings", r"\(None, None\)", "embedding: whole"),
+            ("token/embeddings", r"\('model', None\)", "embedding: split by rows"),
             ("head/kernel", r"\(None, None\)", "3 outputs do not divide"),
         ):
             with self.subTest(variable=variable):
@@ -206,11 +233,9 @@ class MeshFitTest(parameterized.TestCase):
 
 
     @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_LAYER_NORM)
-    def test_embedding_split_by_rows_on_a_tensor_parallel_mesh_matches_one_device(self):
-        # Its row gradients are applied dense (TF's DTensor misapplies row
-        # scatters on a split table); the table's slices stay a quarter each.
+    def test_transformer_with_its_table_split_by_rows_on_a_hybrid_mesh_matches_one_device(self):
         x, y = _data(tokens=True)
-        strategy = _strategy((1, 4), {**TRANSFORMER_LAYOUT, ".*token/embeddings": ("model", None)})
+        strategy = _strategy((2, 2), {**TRANSFORMER_LAYOUT, ".*token/embeddings": ("model", None)})
         numerics.assert_matches_single_device(
             _transformer, strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
@@ -219,16 +244,27 @@ class MeshFitTest(parameterized.TestCase):
         )
         self.assertRegex(strategy.layout_report(), r"token/embeddings \| \(32, 16\) \| \('model', None\)")
 
+    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_ROW_UPDATES)
+    def test_adam_on_a_table_split_by_rows_with_the_batch_split_matches_one_device(self):
+        x, y = _data(tokens=True)
+        strategy = _strategy((2, 2), {".*token/embeddings": ("model", None)})
+        numerics.assert_matches_single_device(
+            _embedding_bag, strategy, x, y,
+            global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
+            rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=True,
+        )
+        self.assertRegex(strategy.layout_report(), r"token/embeddings \| \(32, 8\) \| \('model', None\)")
+
 
 @pytest.mark.skipif(not KERAS_3, reason=(
     "a custom loop on a mesh fails under tf-keras (a ValueError in model(x), not yet traced): "
     "a documented limit (docs/mesh.md)"))
-class MeshCustomLoopTest(tf.test.TestCase):
+class MeshCustomLoopTest(parameterized.TestCase):
     """A custom training loop: the distributed dataset iterated eagerly, `strategy.run` in a `tf.function`.
 
-    On a tensor-parallel mesh (1 x 4). With the batch split the loop diverges
-    from one device (0.025 after an epoch on 4 x 1, where `fit` agrees): a
-    documented limit, not yet traced.
+    On a tensor-parallel mesh (1 x 4) and with the batch split (4 x 1: 0.025
+    away from one device after an epoch before the strategy forwarded
+    writes to reads).
     """
 
     def _train(self, model, batches, run):
@@ -248,13 +284,14 @@ class MeshCustomLoopTest(tf.test.TestCase):
         for x, y in batches:
             step(x, y)
 
-    def test_custom_loop_on_a_tensor_parallel_mesh_matches_one_device(self):
+    @parameterized.named_parameters(("tensor_parallel", (1, 4)), ("batch_split", (4, 1)))
+    def test_custom_loop_matches_one_device(self, shape):
         x, y = _data()
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE)
         reference = _mlp("adam")()
         initial = reference.get_weights()
         self._train(reference, dataset, lambda fn, *args: fn(*args))
-        strategy = _strategy((1, 4), MLP_LAYOUT)
+        strategy = _strategy(shape, MLP_LAYOUT)
         with strategy.scope():
             model = _mlp("adam")()
         model.set_weights(initial)
@@ -275,7 +312,7 @@ class MeshStateTest(tf.test.TestCase):
         return model, x
 
     def test_weights_saved_under_the_mesh_load_on_one_device_and_back(self):
-        model, x = self._trained(_strategy((2, 2) if KERAS_3 else (1, 4), MLP_LAYOUT))
+        model, x = self._trained(_strategy((2, 2), MLP_LAYOUT))
         path = os.path.join(self.get_temp_dir(), "mesh.weights.h5")
         model.save_weights(path)
         single = _mlp("adam")()
@@ -325,36 +362,34 @@ class MeshErrorsTest(parameterized.TestCase):
                 with self.assertRaisesRegex(errors.LayoutError, pattern):
                     tfdist.MeshStrategy(**kwargs)
 
-    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_SPLIT_BATCH)
-    def test_row_gradients_with_the_batch_split_raise_instead_of_training_wrong(self):
-        # TF's DTensor loses the order of Adam's reads and writes around an
-        # embedding's row update when the batch is split: other variables
-        # then do not move (seen: head/bias unchanged after a step).
+    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_ROW_UPDATES)
+    def test_a_table_split_by_columns_raises_layout_error_naming_the_fix(self):
+        # TF's DTensor cannot compile the lookup of such a table; its error
+        # ("EmitAllScatter was passed a desired_layout") names no variable.
         x, y = _data(tokens=True)
-        for shape, layout, pattern in (
-            ((2, 2), TRANSFORMER_LAYOUT, r"'token/embeddings.*split over 2 devices"),
-            ((1, 4), {".*token/embeddings": (None, "model")}, r"'token/embeddings.*'model'"),
+        strategy = _strategy((1, 4), {".*token/embeddings": (None, "model")})
+        with strategy.scope():
+            model = _embedding_bag()
+        with self.assertRaisesRegex(
+            errors.LayoutError, r"token/embeddings.*split along a dimension other than its rows.*\('model', None\)"
         ):
-            with self.subTest(shape=shape):
-                strategy = _strategy(shape, layout)
-                with strategy.scope():
-                    model = _transformer()
-                with self.assertRaisesRegex(errors.LayoutError, pattern):
-                    model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
+            model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
     @pytest.mark.skipif(KERAS_3, reason="tf-keras's own refusals")
-    def test_tf_keras_split_batch_and_layer_norm_raise_layout_error_naming_the_fix(self):
-        # Both silently wrong or obscure otherwise: DTensor drops tf-keras's
-        # updates with the batch split, and fails on FusedBatchNormV3 with an
-        # UnknownError naming no layer.
-        with self.assertRaisesRegex(errors.LayoutError, r"batch axis of size 1; received batch=2"):
-            _strategy((2, 2), MLP_LAYOUT)
+    def test_tf_keras_layer_norm_and_row_updates_raise_layout_error_naming_the_fix(self):
+        # Obscure otherwise: DTensor fails on FusedBatchNormV3 or on a row
+        # scatter with an UnknownError naming no layer.
         x, y = _data(tokens=True)
-        strategy = _strategy((1, 4), TRANSFORMER_LAYOUT)
-        with strategy.scope():
-            model = _transformer()
-        with self.assertRaisesRegex(errors.LayoutError, "'FusedBatchNormV3'.*LayerNormalization"):
-            model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
+        for build, pattern in (
+            (_transformer, "'FusedBatchNormV3'.*LayerNormalization"),
+            (_embedding_bag, "'ResourceScatterAdd'.*embedding table's rows"),
+        ):
+            with self.subTest(model=build.__name__):
+                strategy = _strategy((1, 4), TRANSFORMER_LAYOUT)
+                with strategy.scope():
+                    model = build()
+                with self.assertRaisesRegex(errors.LayoutError, pattern):
+                    model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
     def test_split_dimension_the_axis_does_not_divide_fails_at_build_naming_the_variable(self):
         strategy = tfdist.MeshStrategy({"batch": 1, "model": 4}, layout_map={".*head/kernel": (None, "model")})

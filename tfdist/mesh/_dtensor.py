@@ -14,12 +14,30 @@ everything a Keras step touches into DTensors:
 - `to_mesh(value, layout)`: a plain tensor onto the mesh, split by
   `layout` (the input batch, a variable's initial value);
 - `whole(tensor)`: a DTensor gathered to every device (what `predict`
-  returns, what a whole read gives).
+  returns, what a whole read gives);
+- `forwarded_writes()`: the context a step is traced in, where a
+  variable read after its write in the same step returns the value written
+  (below).
+
+Why writes are forwarded: in a traced step a variable read after a write
+waits for the write through a control dependency (TF's automatic control
+dependencies put it there: the traced graph is right). TF 2.21's DTensor
+does not always keep that order when it expands the graph over the mesh.
+Seen on 4 logical CPUs with the batch split over all four: once the model
+has a 3-D kernel (an `EinsumDense` such as attention's projections), every
+read of an optimizer slot after its write (SGD's momentum, Adam's moments)
+returns the value before the write, so no weight moves at the first step
+and each lags one step after; plain SGD, which reads no slot, was right.
+Inside `forwarded_writes()` a read after a write in the same step is the
+written value itself (a data dependency, which no reordering can break),
+and `assign_add`/`assign_sub` write `value + delta` through `assign`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +46,9 @@ from tensorflow.experimental import dtensor
 
 from tfdist.mesh import layouts as layouts_lib
 
-__all__ = ["MeshVariable", "layout", "make_mesh", "to_mesh", "whole"]
+__all__ = ["MeshVariable", "forwarded_writes", "layout", "make_mesh", "to_mesh", "whole"]
+
+_written = threading.local()
 
 
 def _dtensor_device(name: str) -> str:
@@ -64,6 +84,34 @@ def whole(tensor: tf.Tensor) -> tf.Tensor:
     return dtensor.relayout(tensor, dtensor.Layout.replicated(dtensor.fetch_layout(tensor).mesh, tensor.shape.rank))
 
 
+@contextlib.contextmanager
+def forwarded_writes() -> Iterator[None]:
+    """Within (in a function being traced): a `MeshVariable` read after its write returns what was written.
+
+    Who calls: the mesh strategy, around each step it traces (module
+    docstring: why). Eager code runs in order and is left as it is. A write
+    inside a nested function (a `tf.cond` branch) is forwarded to reads in
+    that function and the functions it encloses only: after the branch a
+    read is a read of the variable again. Not reentrant across threads: the
+    record is per thread.
+    """
+    previous = getattr(_written, "values", None)
+    _written.values = {}
+    try:
+        yield
+    finally:
+        _written.values = previous
+
+
+def _encloses(outer: Any, graph: Any) -> bool:
+    """Whether `graph` is `outer` or a function traced inside it (whose captures reach `outer`)."""
+    while graph is not None:
+        if graph is outer:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
 class MeshVariable(dtensor.DVariable):
     """A `DVariable` that takes plain values and reads back whole (module docstring).
 
@@ -78,6 +126,27 @@ class MeshVariable(dtensor.DVariable):
             return value  # In a step every value is a DTensor already.
         return to_mesh(value, self.layout)
 
+    def _writes(self) -> dict[int, tuple[Any, tf.Tensor]] | None:
+        """The step's record of written values, when writes are forwarded here (a trace)."""
+        values = getattr(_written, "values", None)
+        return None if values is None or tf.executing_eagerly() else values
+
+    def _forwarded(self) -> tf.Tensor | None:
+        """The value this step last wrote to the variable, where a read here may use it."""
+        writes = self._writes()
+        entry = None if writes is None else writes.get(id(self))
+        if entry is None or not _encloses(entry[0], tf.compat.v1.get_default_graph()):
+            return None
+        return tf.identity(entry[1])
+
+    def value(self) -> tf.Tensor:
+        forwarded = self._forwarded()
+        return super().value() if forwarded is None else forwarded
+
+    def read_value(self) -> tf.Tensor:
+        forwarded = self._forwarded()
+        return super().read_value() if forwarded is None else forwarded
+
     def numpy(self) -> np.ndarray:
         """The whole value (gathered from the devices' slices)."""
         return dtensor.unpack(whole(self.read_value()))[0].numpy()
@@ -87,10 +156,18 @@ class MeshVariable(dtensor.DVariable):
         return np.asarray(self.numpy(), dtype=dtype)
 
     def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value: bool = True) -> Any:
-        return super().assign(self._on_mesh(value), use_locking, name, read_value)
+        value = self._on_mesh(value)
+        writes = self._writes()
+        if writes is not None:
+            writes[id(self)] = (tf.compat.v1.get_default_graph(), value)
+        return super().assign(value, use_locking, name, read_value)
 
     def assign_add(self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True) -> Any:
+        if self._writes() is not None:  # value + delta, data-dependent on the read.
+            return self.assign(self.value() + self._on_mesh(delta), use_locking, name, read_value)
         return super().assign_add(self._on_mesh(delta), use_locking, name, read_value)
 
     def assign_sub(self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True) -> Any:
+        if self._writes() is not None:
+            return self.assign(self.value() - self._on_mesh(delta), use_locking, name, read_value)
         return super().assign_sub(self._on_mesh(delta), use_locking, name, read_value)

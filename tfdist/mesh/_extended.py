@@ -127,51 +127,19 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
             self._variables[id(variable)] = variable
             return variable
 
+    def replica_step(self) -> Any:
+        """Each step is traced with writes forwarded to later reads (`_dtensor.forwarded_writes`)."""
+        return _dtensor.forwarded_writes()
+
     def variable_created_in_scope(self, v: Any) -> bool:
         """Whether `v` was made by this strategy's scope (tf-keras checks every variable it is given)."""
         return self._variables.get(id(v)) is v
 
     def update_variable(self, var: Any, fn: Any, args: Any, kwargs: Any) -> Any:
         # DTensor places the update on the devices holding each slice.
-        if any(isinstance(arg, tf.IndexedSlices) for arg in args) and self._row_update_densified(var):
-            args = tuple(tf.convert_to_tensor(a) if isinstance(a, tf.IndexedSlices) else a for a in args)
+        if any(isinstance(arg, tf.IndexedSlices) for arg in args):
+            _check_row_update(var)
         return fn(var, *(_laid_out_like(arg, var) for arg in args), **kwargs)
-
-    def _row_update_densified(self, var: Any) -> bool:
-        """Whether `var`'s row gradient (an embedding's) is applied as a dense one.
-
-        Keras applies an `IndexedSlices` gradient with row scatters. Where the
-        batch is split, or the variable is, TF 2.21's DTensor reorders the
-        optimizer's reads and writes around them: seen on 4 logical CPUs,
-        Adam's update of the model's other variables then reads its moments
-        before they were written, and those variables do not move. A whole
-        variable on a mesh whose batch axis has size 1 takes its row update
-        as on one device (False). A table split by rows on such a mesh takes
-        the gradient made dense, as Keras 3's optimizers compute with it
-        anyway (equal to one device: tested with SGD and momentum on a
-        transformer block; the dense gradient costs the table's size per
-        step) (True). Anything else is refused: with the batch split
-        or a table split by columns, training still diverges from one device
-        (seen on a transformer block), not yet traced.
-
-        Raises:
-          LayoutError: For those other cases.
-        """
-        batch = self.rules.mesh.axis_size(self.batch_dim_name)
-        split = [i for i, a in enumerate(var.layout.sharding_specs) if a != dtensor.UNSHARDED]
-        if batch == 1 and not split:
-            return False
-        if batch == 1 and split == [0]:
-            return True
-        raise errors.LayoutError(
-            f"variable {var.name!r} gets row gradients (an embedding lookup's), which "
-            f"MeshStrategy cannot apply yet with the batch split over {batch} devices "
-            f"(batch_dim_name={self.batch_dim_name!r}) or the variable split "
-            f"({var.layout.sharding_specs}): TF's DTensor reorders the optimizer's reads "
-            "and writes around them and training silently diverges from one device. "
-            "Use a mesh whose batch axis has size 1, and keep this variable whole "
-            "(leave it out of layout_map) or split it by rows only (('model', None))."
-        )
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
@@ -180,6 +148,29 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
     @property
     def parameter_devices(self) -> tuple[str, ...]:
         return tuple(self.rules.mesh.devices)
+
+
+def _check_row_update(var: Any) -> None:
+    """Refuses row gradients (an embedding lookup's) for a table split other than by rows.
+
+    Keras applies them with row scatters, which TF 2.21's DTensor runs on a
+    whole table or one split by rows (its first dimension), with the batch
+    split or not: equal to one device, SGD, momentum and Adam alike
+    (tested). On a table split by columns its lookup fails to compile
+    ("EmitAllScatter was passed a desired_layout ...").
+
+    Raises:
+      LayoutError: For a table split along any dimension but the first.
+    """
+    specs = list(var.layout.sharding_specs)
+    if all(spec == dtensor.UNSHARDED for spec in specs[1:]):
+        return
+    raise errors.LayoutError(
+        f"variable {var.name!r} gets row gradients (an embedding lookup's) and is split "
+        f"along a dimension other than its rows ({specs}): TF's DTensor cannot run its "
+        "lookup or row updates on such a layout. Split the table by rows "
+        "(('model', None) in layout_map) or keep it whole (leave it out of layout_map)."
+    )
 
 
 def _laid_out_like(value: Any, variable: Any) -> Any:

@@ -289,10 +289,9 @@ class AutomaticLayouts:
       layers; a column-parallel layer's bias is split with its outputs;
     - convolution kernels by output channels (their last dimension), and
       their biases;
-    - embeddings whole: a split table's row gradients are applied only
-      with the batch unsplit and the table split by rows (`MeshStrategy`'s
-      limits), which a `layout_map` can ask for; nor anything else
-      (normalization, metrics, counters).
+    - embedding tables by rows (vocabulary-parallel, as Megatron splits
+      its token table: each device looks up the rows it holds, one
+      all-reduce after); nothing else (normalization, metrics, counters).
 
     The rules see each variable's path and shape in creation order (Keras
     builds a layer's kernel, then its bias); `explain(path)` says which rule
@@ -335,11 +334,10 @@ class AutomaticLayouts:
         layer, _, leaf = path.rpartition("/")
         parent = layer.rpartition("/")[2]
         m = self._axis
-        if leaf == "embeddings":
-            return whole, (
-                "embedding: whole (a table split by rows trains only with the batch "
-                "unsplit: give it in layout_map)"
-            )
+        if leaf == "embeddings" and len(shape) == 2:
+            if self._divides(shape[0]):
+                return (m, None), "embedding: split by rows (vocabulary-parallel)"
+            return whole, f"embedding: {shape[0]} rows do not divide {m}={self._size}"
         if leaf == "kernel" and len(shape) == 3 and parent in _ATTENTION_INPUTS:
             if self._divides(shape[1]):
                 self._split_layers.add(layer)

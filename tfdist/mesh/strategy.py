@@ -28,16 +28,16 @@ functions that compile Keras's own `train_step` / `test_step` /
 `predict_step` once per input signature and call them on those batches
 (`tfdist/_internal/keras_ps.install_functions`, as the parameter-server
 strategy does). A custom loop iterates the distributed dataset eagerly and
-calls a `tf.function` with each batch inside `strategy.run`: checked on a
-tensor-parallel mesh under Keras 3 only (see Limits).
+calls a `tf.function` with each batch inside `strategy.run`: checked under
+Keras 3 only (see Limits). Each step is traced with a variable's writes
+forwarded to its later reads (`_dtensor.forwarded_writes`): TF's DTensor
+does not always keep a read after its write in order.
 
-Limits of this version: a custom loop with the batch split diverges from
-one device, and under tf-keras fails (neither traced yet); under tf-keras, a batch axis of size 1 only (TF's
-DTensor loses tf-keras optimizers' updates when the batch is split); one process (the mesh is this process's devices); layouts
+Limits of this version: a custom loop fails under tf-keras (in the
+model's call, not traced yet); one process (the mesh is this process's devices); layouts
 chosen automatically are Megatron's simple rules, per variable as it is
-created (no search over the model); an embedding's row gradients are
-applied only with the batch unsplit and the table whole or split by rows
-(`LayoutError` otherwise: TF's DTensor applies them wrongly); a last batch the batch axis does not
+created (no search over the model); an embedding table split by columns
+is refused (`LayoutError`: TF's DTensor cannot compile its lookup); a last batch the batch axis does not
 divide runs whole on every device (correct, not split).
 """
 
@@ -54,7 +54,6 @@ from tensorflow.experimental import dtensor
 from tfdist import devices as devices_lib
 from tfdist import errors
 from tfdist._internal import keras_ps
-from tfdist._internal import tf_keras_sharded
 from tfdist.mesh import _dtensor
 from tfdist.mesh import _extended
 from tfdist.mesh import layouts as layouts_lib
@@ -92,9 +91,10 @@ class MeshStrategy(tf.distribute.Strategy):
 
     Raises:
       LayoutError: A mesh whose size is not its number of devices, a layout
-        naming an axis the mesh lacks, a `batch_dim_name` not in the mesh, a
-        batch axis of size > 1 under tf-keras; when the model is built, a variable whose split
-        dimension its axis does not divide (naming the variable).
+        naming an axis the mesh lacks, a `batch_dim_name` not in the mesh;
+        when the model is built, a variable whose split dimension its axis
+        does not divide (naming the variable); at the first step, an
+        embedding table split by columns.
     """
 
     def __init__(
@@ -109,14 +109,6 @@ class MeshStrategy(tf.distribute.Strategy):
             raise errors.LayoutError(
                 f"batch_dim_name={batch_dim_name!r} is not an axis of the mesh, whose axes "
                 f"are {list(spec.axis_names)}. Name the axis batches are split over."
-            )
-        if tf_keras_sharded.legacy_keras() and spec.axis_size(batch_dim_name) > 1:
-            raise errors.LayoutError(
-                f"under tf-keras MeshStrategy needs a batch axis of size 1; received "
-                f"{batch_dim_name}={spec.axis_size(batch_dim_name)}. With the batch split, "
-                "TF's DTensor loses tf-keras optimizers' updates (after one SGD step on a "
-                "4x1 mesh, five of six variables had not moved). Give the batch axis size 1 "
-                "(tensor parallelism only), or use Keras 3 for a hybrid mesh."
             )
         rules: layouts_lib.LayoutRules | layouts_lib.AutomaticLayouts
         if layout_map is None:
@@ -241,9 +233,10 @@ class MeshStrategy(tf.distribute.Strategy):
                         f"TF's DTensor cannot run op {unsupported.group(1)!r} of this model's "
                         "step on a mesh (it has no layout rule for it). tf-keras's "
                         "LayerNormalization and BatchNormalization compute with "
-                        "FusedBatchNormV3, and plain SGD's sparse update with "
-                        "ResourceScatterSub, for example. Use the layer's Keras 3 "
-                        "counterpart, or another tfdist strategy for this model."
+                        "FusedBatchNormV3, and tf-keras's optimizers update an "
+                        "embedding table's rows with ResourceScatterAdd/Sub, for "
+                        "example. Use Keras 3 (whose layers and optimizers run on a "
+                        "mesh), or another tfdist strategy for this model."
                     ) from error
 
             return call

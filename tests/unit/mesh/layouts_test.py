@@ -117,15 +117,17 @@ class AutomaticLayoutsTest(absltest.TestCase):
         rules.axes_for("m/a/kernel", (8, 16))
         self.assertEqual(rules.axes_for("m/b/kernel", (12, 8)), (None, "model"))
 
-    def test_attention_splits_heads_and_keeps_embeddings_and_norms_whole(self):
+    def test_attention_splits_heads_embeddings_split_rows_and_norms_stay_whole(self):
         rules = self._rules()
-        self.assertEqual(rules.axes_for("t/token/embeddings", (32, 16)), (None, None))
+        self.assertEqual(rules.axes_for("t/token/embeddings", (32, 16)), ("model", None))
+        self.assertEqual(rules.axes_for("t/position/embeddings", (6, 16)), (None, None))
+        self.assertIn("6 rows do not divide model=4", rules.explain("t/position/embeddings"))
         self.assertEqual(rules.axes_for("t/attention/query/kernel", (16, 4, 4)), (None, "model", None))
         self.assertEqual(rules.axes_for("t/attention/query/bias", (4, 4)), ("model", None))
         self.assertEqual(rules.axes_for("t/attention/attention_output/kernel", (4, 4, 16)), ("model", None, None))
         self.assertEqual(rules.axes_for("t/attention/attention_output/bias", (16,)), (None,))
         self.assertEqual(rules.axes_for("t/norm/gamma", (16,)), (None,))
-        self.assertIn("embedding", rules.explain("t/token/embeddings"))
+        self.assertIn("embedding: split by rows", rules.explain("t/token/embeddings"))
 
     def test_heads_the_axis_does_not_divide_stay_whole_and_say_why(self):
         rules = self._rules()
