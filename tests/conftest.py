@@ -6,7 +6,12 @@
   thread pool would only oversubscribe them. Every contender of a test runs
   in its process, with the same setting.
 - absl flags marked parsed, so absltest helpers such as `create_tempdir`
-  work under pytest as they do under `python file.py`.
+  work under pytest as they do under `python file.py`; and a temporary
+  directory of this process's own for them (`--test_tmpdir`). absl's
+  default is one fixed directory, under which `create_tempfile(name)` is
+  the same path for the same test wherever it runs: `make test` runs the
+  Keras 3 and tf-keras stages side by side, and both runs of one test
+  opened the same `model.weights.h5` ("unable to lock file", 2026-11-27).
 - Every test under tests/conformance/ marked `conformance`, so one pytest
   run can select the tier by marker (`make test-tfkeras`).
 - TF's `MultiDeviceIterator` without its per-device prefetch
@@ -14,11 +19,15 @@
   then, in TensorFlow.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import tensorflow as tf
 from absl import flags
+from absl.testing import absltest
 from tensorflow.python.data.ops import multi_device_iterator_ops
 
 from tfdist.testing import use_logical_cpus
@@ -29,6 +38,9 @@ tf.config.threading.set_intra_op_parallelism_threads(
 )
 if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+_TMPDIR = tempfile.mkdtemp(prefix="tfdist-tests-")
+flags.FLAGS[absltest.TEST_TMPDIR.name].value = _TMPDIR
+atexit.register(shutil.rmtree, _TMPDIR, ignore_errors=True)
 
 
 def _without_device_prefetch():
