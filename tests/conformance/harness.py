@@ -122,7 +122,8 @@ def make_strategy(
     Args:
       contender: One of `CONTENDERS`, or "tfdist_layer_placement" (the
         model's layers over `DEVICES`; layer_placement_patterns_test.py), or
-        a multi-worker contender.
+        "tfdist_mesh" (a 2 x 2 mesh of `DEVICES`, layouts chosen
+        automatically; mesh_patterns_test.py), or a multi-worker contender.
       cross_device_ops: TF's constructor argument, for tutorials that pass
         one (e.g. `tf.distribute.HierarchicalCopyAllReduce()`); given to TF's
         strategy and to tfdist's (which takes TF's arguments), not to one
@@ -143,6 +144,10 @@ def make_strategy(
     if contender == "tfdist_layer_placement":
         # Stages over the same logical CPUs, 4 microbatches a step.
         return tfdist.LayerPlacementStrategy(DEVICES, num_microbatches=NUM_REPLICAS)
+    if contender == "tfdist_mesh":
+        # The batch split 2 ways, each layer Megatron's way over the other 2.
+        return tfdist.MeshStrategy(
+            tfdist.mesh.DeviceMesh((2, 2), ("batch", "model"), DEVICES), layout_map=None)
     if contender == "tf_multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if contender == "tfdist_multi_worker":
@@ -297,9 +302,9 @@ class ExampleCounter(keras.layers.Layer):
         id_channel = inputs[..., -1]
         id_channel = tf.reshape(id_channel, [tf.shape(id_channel)[0], -1])
         ids = tf.cast(tf.round(id_channel[:, 0] / self.id_scale), tf.int32)
-        seen = tf.math.bincount(
-            ids, minlength=self.num_examples, maxlength=self.num_examples, dtype=tf.int32
-        )
+        # A sum of one-hot rows, not `tf.math.bincount`: TF's DTensor (the
+        # mesh strategy) has no layout rule for DenseBincount.
+        seen = tf.reduce_sum(tf.one_hot(ids, self.num_examples, dtype=tf.int32), axis=0)
         counts = self._counts.train if training else self._counts.inference
         with tf.control_dependencies([counts.assign_add(seen)]):
             return tf.identity(inputs[..., :-1])

@@ -145,6 +145,42 @@ def run_tutorial(contender: str, workdir: str) -> harness.Record:
     )
 
 
+class TutorialUnderOneStrategy:
+    """The tutorial run by one device and by `CONTENDER`, for a `ConformanceTestCase`.
+
+    A mixin (not a test case itself): a test class inherits it before
+    `harness.ConformanceTestCase` and sets `CONTENDER` (a
+    `harness.make_strategy` name) for the strategies the main test below
+    does not run.
+    """
+
+    CONTENDER: str
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        import tempfile  # noqa: PLC0415
+
+        workdir = tempfile.mkdtemp(prefix=f"{cls.CONTENDER}_tutorial_")
+        cls.records = {}
+        for contender in ("one_device", cls.CONTENDER):
+            keras.utils.set_random_seed(harness.SEED)
+            directory = f"{workdir}/{contender}"
+            tf.io.gfile.makedirs(directory)
+            cls.records[contender] = harness.recorded(run_tutorial, contender, directory)
+
+    def test_sees_every_training_example_once_per_epoch(self):
+        self.assert_each_example_once_per_epoch(self.records[self.CONTENDER], 768, EPOCHS)
+
+    def test_evaluates_every_test_example_once(self):
+        expected = np.zeros(1797, np.int64)
+        expected[768:] = 1
+        self.assert_inference_counts(self.records[self.CONTENDER], [expected])
+
+    def test_matches_one_device(self):
+        self.assert_same_results(self.records[self.CONTENDER], self.records["one_device"])
+
+
 class KerasTutorialTest(harness.ConformanceTestCase):
     @classmethod
     def setUpClass(cls):

@@ -19,7 +19,6 @@ Keras 3 and, with TF_USE_LEGACY_KERAS=1, under tf-keras.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -33,37 +32,11 @@ keras = tf.keras
 CONTENDER = "tfdist_layer_placement"
 
 
-class KerasTutorialUnderLayerPlacementTest(harness.ConformanceTestCase):
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        import tempfile  # noqa: PLC0415
-
-        workdir = tempfile.mkdtemp(prefix="layer_placement_tutorial_")
-        cls.records = {}
-        for contender in ("one_device", CONTENDER):
-            keras.utils.set_random_seed(harness.SEED)
-            directory = f"{workdir}/{contender}"
-            tf.io.gfile.makedirs(directory)
-            cls.records[contender] = harness.recorded(
-                keras_tutorial_test.run_tutorial, contender, directory
-            )
-
-    def test_sees_every_training_example_once_per_epoch(self):
-        self.assert_each_example_once_per_epoch(
-            self.records[CONTENDER], 768, keras_tutorial_test.EPOCHS
-        )
-
-    def test_evaluates_every_test_example_once(self):
-        expected = np.zeros(1797, np.int64)
-        expected[768:] = 1
-        self.assert_inference_counts(self.records[CONTENDER], [expected])
-
-    def test_matches_one_device(self):
-        self.assert_same_results(self.records[CONTENDER], self.records["one_device"])
+class KerasTutorialUnderLayerPlacementTest(keras_tutorial_test.TutorialUnderOneStrategy, harness.ConformanceTestCase):
+    CONTENDER = CONTENDER
 
 
-def _custom_loop(strategy, *, epochs=2, global_batch_size=48):
+def custom_loop(strategy, *, epochs=2, global_batch_size=48):
     """TF's custom-loop pattern; returns (per-epoch mean losses, weights)."""
     keras.utils.set_random_seed(harness.SEED)  # The shuffle's and the weights'.
     (x, y), _ = harness.load_mnist_like(num_train=240)
@@ -119,11 +92,11 @@ def _custom_loop(strategy, *, epochs=2, global_batch_size=48):
 class CustomTrainingLoopTest(tf.test.TestCase):
 
     def test_custom_loop_with_strategy_run_matches_one_device(self):
-        reference_losses, reference_weights, _ = _custom_loop(
+        reference_losses, reference_weights, _ = custom_loop(
             tf.distribute.OneDeviceStrategy(harness.DEVICES[0])
         )
         strategy = tfdist.LayerPlacementStrategy(harness.DEVICES, num_microbatches=4)
-        losses, weights, model = _custom_loop(strategy)
+        losses, weights, model = custom_loop(strategy)
         self.assertAllClose(losses, reference_losses, rtol=harness.RTOL, atol=harness.ATOL)
         for a, b in zip(weights, reference_weights):
             self.assertAllClose(a, b, rtol=harness.RTOL, atol=harness.ATOL)

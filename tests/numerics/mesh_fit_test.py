@@ -391,6 +391,23 @@ class MeshErrorsTest(parameterized.TestCase):
                 with self.assertRaisesRegex(errors.LayoutError, pattern):
                     model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
+    def test_a_split_convolution_kernel_raises_layout_error_naming_it(self):
+        # TF's DTensor convolves only whole filters ("Filter for convolution
+        # must have fully replicated layout", naming no variable).
+        x = np.random.default_rng(0).normal(size=(16, 6, 6, 1)).astype("float32")
+        y = np.zeros(16, "int32")
+        strategy = _strategy((2, 2), {".*conv/kernel": (None, None, None, "model")})
+        with strategy.scope():
+            model = keras.Sequential([
+                keras.Input((6, 6, 1)), keras.layers.Conv2D(4, 3, name="conv"),
+                keras.layers.Flatten(), keras.layers.Dense(3),
+            ])
+            model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        with self.assertRaisesRegex(
+            errors.LayoutError, r"whole filter.*conv/kernel \(None, None, None, 'model'\)"
+        ):
+            model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
+
     def test_split_dimension_the_axis_does_not_divide_fails_at_build_naming_the_variable(self):
         strategy = tfdist.MeshStrategy({"batch": 1, "model": 4}, layout_map={".*head/kernel": (None, "model")})
         with self.assertRaisesRegex(

@@ -287,8 +287,9 @@ class AutomaticLayouts:
       and the next 2-D kernel whose inputs are those outputs is
       row-parallel (one all-reduce after it), as Megatron pairs an MLP's two
       layers; a column-parallel layer's bias is split with its outputs;
-    - convolution kernels by output channels (their last dimension), and
-      their biases;
+    - other kernels of 3 or more dimensions whole: TF 2.21's DTensor runs
+      a convolution only with its whole filter ("Filter for convolution
+      must have fully replicated layout"), and such a kernel may be one;
     - embedding tables by rows (vocabulary-parallel, as Megatron splits
       its token table: each device looks up the rows it holds, one
       all-reduce after); nothing else (normalization, metrics, counters).
@@ -358,10 +359,8 @@ class AutomaticLayouts:
             self._column_outputs = None
             return whole, f"Dense: {shape[1]} outputs do not divide {m}={self._size}"
         if leaf == "kernel" and len(shape) >= 3:
-            if self._divides(shape[-1]):
-                self._split_layers.add(layer)
-                return whole[:-1] + (m,), "convolution: split by output channels"
-            return whole, f"convolution: {shape[-1]} channels do not divide {m}={self._size}"
+            self._column_outputs = None
+            return whole, "convolution (or einsum) kernel: whole (TF's DTensor convolves only whole filters)"
         if leaf == "bias" and layer in self._split_layers and shape and self._divides(shape[0]):
             return (m,) + whole[1:], "bias of a layer whose outputs are split"
         return whole, "whole"

@@ -54,6 +54,7 @@ from tensorflow.experimental import dtensor
 from tfdist import devices as devices_lib
 from tfdist import errors
 from tfdist._internal import keras_ps
+from tfdist.data.distributed import iterator_reaper
 from tfdist.mesh import _dtensor
 from tfdist.mesh import _extended
 from tfdist.mesh import layouts as layouts_lib
@@ -62,6 +63,8 @@ __all__ = ["MeshStrategy"]
 
 #: How TF's DTensor refuses an op it has no layout rule for.
 _UNSUPPORTED_OP = re.compile(r"'tf\.(\w+)' op does not implement layout propagation")
+#: How TF's DTensor refuses a convolution whose filter is split.
+_SPLIT_FILTER = "Filter for convolution must have fully replicated layout"
 
 
 class MeshStrategy(tf.distribute.Strategy):
@@ -82,8 +85,9 @@ class MeshStrategy(tf.distribute.Strategy):
         follow their variable. `{}` keeps every variable whole (data
         parallelism only). None: Megatron's layouts, chosen as the model is
         built (`tfdist.mesh.layouts.AutomaticLayouts`: attention by heads,
-        Dense layers in column-then-row pairs, convolutions by output
-        channels, only where the axis divides the dimension);
+        Dense layers in column-then-row pairs, embedding tables by rows,
+        only where the axis divides the dimension; convolutions whole, as
+        TF's DTensor convolves only whole filters);
         `layout_report()` says which rule chose each.
       batch_dim_name: The mesh axis each batch is split over (data
         parallelism); by default the mesh's first axis, as in Keras's
@@ -226,6 +230,14 @@ class MeshStrategy(tf.distribute.Strategy):
                 try:
                     return function(data)
                 except tf.errors.UnknownError as error:
+                    if _SPLIT_FILTER in str(error):
+                        raise errors.LayoutError(
+                            "TF's DTensor computes a convolution only with its whole filter, "
+                            "and a convolution kernel of this model is split by layout_map "
+                            f"({_split_kernels(strategy)}). Keep convolution kernels whole "
+                            "(leave them out of layout_map); split the Dense and attention "
+                            "layers around them."
+                        ) from error
                     unsupported = _UNSUPPORTED_OP.search(str(error))
                     if unsupported is None:
                         raise
@@ -281,6 +293,15 @@ class MeshStrategy(tf.distribute.Strategy):
         )
 
 
+def _split_kernels(strategy: MeshStrategy) -> str:
+    """The split kernels of 3 or more dimensions the scope created: the convolutions' candidates."""
+    return ", ".join(
+        f"{entry.path} {entry.axes}"
+        for entry in strategy.extended.created
+        if entry.path.endswith("kernel") and len(entry.shape) >= 3 and entry.slices > 1
+    ) or "none found"
+
+
 def _unused_keys_message(patterns: list[str]) -> str:
     return (
         f"layout_map keys that matched no variable: {patterns}. Keys match a variable's "
@@ -308,5 +329,14 @@ class MeshDataset:
         return self._dataset.element_spec
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self._dataset:
-            yield self._strategy.on_mesh(batch)
+        """An iterator of the dataset, created now (not at the first batch).
+
+        Creating it at `iter()`, as TF's distributed datasets do, makes a
+        reshuffling pipeline give the same epochs as under any other
+        strategy: Keras creates iterators it drops unread (the spare one of
+        each epoch's end), and each creation is the next epoch's order.
+        """
+        iterator = iter(self._dataset)
+        if tf.executing_eagerly():
+            iterator_reaper.adopt(iterator)  # Its teardown off Keras's thread.
+        return (self._strategy.on_mesh(batch) for batch in iterator)

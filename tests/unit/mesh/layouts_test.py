@@ -134,10 +134,13 @@ class AutomaticLayoutsTest(absltest.TestCase):
         self.assertEqual(rules.axes_for("t/attention/key/kernel", (16, 2, 8)), (None, None, None))
         self.assertIn("2 heads do not divide model=4", rules.explain("t/attention/key/kernel"))
 
-    def test_convolution_splits_output_channels(self):
+    def test_convolution_kernels_stay_whole_and_the_next_dense_starts_a_pair(self):
+        # TF's DTensor convolves only whole filters (MeshErrorsTest).
         rules = self._rules()
-        self.assertEqual(rules.axes_for("c/conv/kernel", (3, 3, 1, 8)), (None, None, None, "model"))
-        self.assertEqual(rules.axes_for("c/conv/bias", (8,)), ("model",))
+        self.assertEqual(rules.axes_for("c/conv/kernel", (3, 3, 1, 8)), (None, None, None, None))
+        self.assertEqual(rules.axes_for("c/conv/bias", (8,)), (None,))
+        self.assertIn("whole filters", rules.explain("c/conv/kernel"))
+        self.assertEqual(rules.axes_for("c/dense/kernel", (8, 16)), (None, "model"))
 
     def test_a_mesh_with_only_the_batch_axis_splits_nothing(self):
         rules = self._rules({"batch": 4})
