@@ -11,8 +11,7 @@ layer split 2 ways by the automatic (Megatron) layouts.
 - A custom training loop in the style of TF's custom training tutorial:
   `strategy.run` of a step that computes the loss with
   `tf.nn.compute_average_loss` and applies the gradients, over
-  `experimental_distribute_dataset` (Keras 3: under tf-keras a custom loop
-  fails on a mesh, a documented limit).
+  `experimental_distribute_dataset`.
 
 One replica as Keras sees it, so one device's global batch is the
 strategy's; the results match to float32 rounding. Runs under Keras 3 and,
@@ -37,9 +36,6 @@ class KerasTutorialUnderMeshTest(keras_tutorial_test.TutorialUnderOneStrategy, h
     CONTENDER = CONTENDER
 
 
-@pytest.mark.skipif(not harness.KERAS_3, reason=(
-    "a custom loop on a mesh fails under tf-keras (a ValueError in model(x), not yet traced): "
-    "a documented limit (docs/mesh.md)"))
 class CustomTrainingLoopTest(tf.test.TestCase):
 
     def test_custom_loop_with_strategy_run_matches_one_device(self):

@@ -28,13 +28,14 @@ functions that compile Keras's own `train_step` / `test_step` /
 `predict_step` once per input signature and call them on those batches
 (`tfdist/_internal/keras_ps.install_functions`, as the parameter-server
 strategy does). A custom loop iterates the distributed dataset eagerly and
-calls a `tf.function` with each batch inside `strategy.run`: checked under
-Keras 3 only (see Limits). Each step is traced with a variable's writes
+calls a `tf.function` with each batch inside `strategy.run`, the loss
+taken as TF's custom training tutorial takes it (`reduction="none"`, then
+`tf.nn.compute_average_loss`; tf-keras refuses a default reduction inside
+any strategy). Each step is traced with a variable's writes
 forwarded to its later reads (`_dtensor.forwarded_writes`): TF's DTensor
 does not always keep a read after its write in order.
 
-Limits of this version: a custom loop fails under tf-keras (in the
-model's call, not traced yet); one process (the mesh is this process's devices); layouts
+Limits of this version: one process (the mesh is this process's devices); layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding table split by columns
 is refused (`LayoutError`: TF's DTensor cannot compile its lookup); a last batch the batch axis does not
