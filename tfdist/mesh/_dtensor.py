@@ -31,6 +31,13 @@ and each lags one step after; plain SGD, which reads no slot, was right.
 Inside `forwarded_writes()` a read after a write in the same step is the
 written value itself (a data dependency, which no reordering can break),
 and `assign_add`/`assign_sub` write `value + delta` through `assign`.
+
+Row scatters: TF's DTensor has no layout rule for `ResourceScatterAdd`/`Sub`
+(Keras 3's plain SGD updates an embedding table with them), so
+`MeshVariable.scatter_add`/`scatter_sub` add the rows as one dense update
+(the same sum, repeated rows included; it costs the table's size).
+tf-keras's optimizers call the raw ops on the handle instead, which the
+strategy refuses with a clear error at the first step.
 """
 
 from __future__ import annotations
@@ -171,3 +178,19 @@ class MeshVariable(dtensor.DVariable):
         if self._writes() is not None:
             return self.assign(self.value() - self._on_mesh(delta), use_locking, name, read_value)
         return super().assign_sub(self._on_mesh(delta), use_locking, name, read_value)
+
+    def scatter_add(self, sparse_delta: tf.IndexedSlices, use_locking: bool = False, name: Any = None) -> Any:
+        """Adds `sparse_delta`'s rows as one dense update (module docstring: row scatters)."""
+        del use_locking, name
+        return self.assign_add(self._rows_dense(sparse_delta), read_value=False)
+
+    def scatter_sub(self, sparse_delta: tf.IndexedSlices, use_locking: bool = False, name: Any = None) -> Any:
+        """Subtracts `sparse_delta`'s rows as one dense update (module docstring: row scatters)."""
+        del use_locking, name
+        return self.assign_sub(self._rows_dense(sparse_delta), read_value=False)
+
+    def _rows_dense(self, sparse_delta: tf.IndexedSlices) -> tf.Tensor:
+        """`sparse_delta` as a dense update of this variable's shape, repeated rows summed."""
+        return tf.math.unsorted_segment_sum(
+            tf.cast(sparse_delta.values, self.dtype), sparse_delta.indices, num_segments=self.shape[0]
+        )
