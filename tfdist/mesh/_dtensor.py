@@ -33,11 +33,10 @@ written value itself (a data dependency, which no reordering can break),
 and `assign_add`/`assign_sub` write `value + delta` through `assign`.
 
 Row scatters: TF's DTensor has no layout rule for `ResourceScatterAdd`/`Sub`
-(Keras 3's plain SGD updates an embedding table with them), so
-`MeshVariable.scatter_add`/`scatter_sub` add the rows as one dense update
-(the same sum, repeated rows included; it costs the table's size).
-tf-keras's optimizers call the raw ops on the handle instead, which the
-strategy refuses with a clear error at the first step.
+(Keras 3's plain SGD and tf-keras's optimizers update an embedding table
+through them), so `MeshVariable.scatter_add`/`scatter_sub` add the rows
+as one dense update (the same sum, repeated rows included; it costs the
+table's size).
 """
 
 from __future__ import annotations

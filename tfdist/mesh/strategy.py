@@ -64,6 +64,8 @@ __all__ = ["MeshStrategy"]
 
 #: How TF's DTensor refuses an op it has no layout rule for.
 _UNSUPPORTED_OP = re.compile(r"'tf\.(\w+)' op does not implement layout propagation")
+#: How TF's DTensor refuses tf-keras's lookup of a table split by rows.
+_SPLIT_GATHER = "does not support sharded 0th dimension for the resource tensor for ResourceGatherOp"
 #: How TF's DTensor refuses a convolution whose filter is split.
 _SPLIT_FILTER = "Filter for convolution must have fully replicated layout"
 
@@ -231,6 +233,13 @@ class MeshStrategy(tf.distribute.Strategy):
                 try:
                     return function(data)
                 except tf.errors.UnknownError as error:
+                    if _SPLIT_GATHER in str(error):
+                        raise errors.LayoutError(
+                            "TF's DTensor cannot look up an embedding table split by rows "
+                            "the way tf-keras does (ResourceGather on the variable). Under "
+                            "tf-keras keep it whole (leave it out of layout_map); Keras 3's "
+                            "Embedding looks a row-split table up."
+                        ) from error
                     if _SPLIT_FILTER in str(error):
                         raise errors.LayoutError(
                             "TF's DTensor computes a convolution only with its whole filter, "
@@ -246,10 +255,8 @@ class MeshStrategy(tf.distribute.Strategy):
                         f"TF's DTensor cannot run op {unsupported.group(1)!r} of this model's "
                         "step on a mesh (it has no layout rule for it). tf-keras's "
                         "LayerNormalization and BatchNormalization compute with "
-                        "FusedBatchNormV3, and tf-keras's optimizers update an "
-                        "embedding table's rows with ResourceScatterAdd/Sub, for "
-                        "example. Use Keras 3 (whose layers and optimizers run on a "
-                        "mesh), or another tfdist strategy for this model."
+                        "FusedBatchNormV3, for example. Use the layer's Keras 3 "
+                        "counterpart, or another tfdist strategy for this model."
                     ) from error
 
             return call
