@@ -50,6 +50,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfdist._internal import func_graphs
 from tfdist.mesh import layouts as layouts_lib
 
 __all__ = ["MeshVariable", "forwarded_writes", "layout", "make_mesh", "to_mesh", "whole"]
@@ -95,11 +96,13 @@ def forwarded_writes() -> Iterator[None]:
     """Within (in a function being traced): a `MeshVariable` read after its write returns what was written.
 
     Who calls: the mesh strategy, around each step it traces (module
-    docstring: why). Eager code runs in order and is left as it is. A write
-    inside a nested function (a `tf.cond` branch) is forwarded to reads in
-    that function and the functions it encloses only: after the branch a
-    read is a read of the variable again. Not reentrant across threads: the
-    record is per thread.
+    docstring: why). Eager code runs in order and is left as it is. Where a
+    write is forwarded: to later reads in the function that wrote it and in
+    the `tf.cond` branches inside it. A `tf.while_loop` body, a nested
+    `tf.function` or anything after a branch that wrote reads the variable
+    itself (correct, though not shielded from DTensor's reordering). A
+    forwarded read is still a read to `GradientTape`. Not shared across
+    threads: the record is per thread.
     """
     previous = getattr(_written, "values", None)
     _written.values = {}
@@ -110,11 +113,20 @@ def forwarded_writes() -> Iterator[None]:
 
 
 def _encloses(outer: Any, graph: Any) -> bool:
-    """Whether `graph` is `outer` or a function traced inside it (whose captures reach `outer`)."""
+    """Whether `graph` is `outer` or a `tf.cond` branch traced inside it, at any depth.
+
+    Only branches: each runs at most once, in program order, so a value
+    written in `outer` before the branch is the variable's value in it. A
+    `tf.while_loop` body runs many times (after its own writes), and a
+    nested `tf.function` is traced once and called at other times: a value
+    captured into either would go stale, so they read the variable.
+    """
     while graph is not None:
         if graph is outer:
             return True
-        graph = getattr(graph, "outer_graph", None)
+        if not func_graphs.is_cond_branch(graph):
+            return False
+        graph = graph.outer_graph
     return False
 
 
@@ -137,21 +149,31 @@ class MeshVariable(dtensor.DVariable):
         values = getattr(_written, "values", None)
         return None if values is None or tf.executing_eagerly() else values
 
-    def _forwarded(self) -> tf.Tensor | None:
-        """The value this step last wrote to the variable, where a read here may use it."""
+    def _forwarded(self, read: Any) -> tf.Tensor:
+        """`read()`, or the value this step last wrote where a read here may use it.
+
+        A forwarded value is still a read of the variable to a
+        `GradientTape`: the variable is read too and the result is
+        `written + (read - read)`, the written value exactly (x - x is 0 for
+        any finite x; a variable holding inf or NaN would turn it NaN), with
+        the gradient of a read: to the variable, not into what was written
+        (`train_step`s that write a weight and then differentiate through
+        it need this, e.g. SAM). `tf.custom_gradient` cannot do it here:
+        TF's DTensor returned the read, not the written value, through its
+        IdentityN.
+        """
         writes = self._writes()
         entry = None if writes is None else writes.get(id(self))
         if entry is None or not _encloses(entry[0], tf.compat.v1.get_default_graph()):
-            return None
-        return tf.identity(entry[1])
+            return read()
+        value_read = read()  # Possibly the stale value (module docstring): only its gradient is used.
+        return tf.stop_gradient(entry[1]) + (value_read - tf.stop_gradient(value_read))
 
     def value(self) -> tf.Tensor:
-        forwarded = self._forwarded()
-        return super().value() if forwarded is None else forwarded
+        return self._forwarded(super().value)
 
     def read_value(self) -> tf.Tensor:
-        forwarded = self._forwarded()
-        return super().read_value() if forwarded is None else forwarded
+        return self._forwarded(super().read_value)
 
     def numpy(self) -> np.ndarray:
         """The whole value (gathered from the devices' slices)."""
@@ -181,12 +203,12 @@ class MeshVariable(dtensor.DVariable):
     def scatter_add(self, sparse_delta: tf.IndexedSlices, use_locking: bool = False, name: Any = None) -> Any:
         """Adds `sparse_delta`'s rows as one dense update (module docstring: row scatters)."""
         del use_locking, name
-        return self.assign_add(self._rows_dense(sparse_delta), read_value=False)
+        return self.assign_add(self._rows_dense(sparse_delta))
 
     def scatter_sub(self, sparse_delta: tf.IndexedSlices, use_locking: bool = False, name: Any = None) -> Any:
         """Subtracts `sparse_delta`'s rows as one dense update (module docstring: row scatters)."""
         del use_locking, name
-        return self.assign_sub(self._rows_dense(sparse_delta), read_value=False)
+        return self.assign_sub(self._rows_dense(sparse_delta))
 
     def _rows_dense(self, sparse_delta: tf.IndexedSlices) -> tf.Tensor:
         """`sparse_delta` as a dense update of this variable's shape, repeated rows summed."""

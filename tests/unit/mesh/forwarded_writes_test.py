@@ -3,8 +3,10 @@
 The strategy's reason (TF's DTensor may run such a read before the write) is
 proven through `fit` in tests/numerics/mesh_fit_test.py; this file pins the
 contract: what is forwarded, and what is not (a write in a `tf.cond` branch
-read after it, eager code); and a row scatter, which DTensor cannot run, made
-one dense update.
+read after it, a `tf.while_loop` body, a nested `tf.function`, eager code);
+that a forwarded read is a read to `GradientTape`; and a row scatter, which
+DTensor cannot run, made one dense update. The tape, loop and nested-function
+cases failed before a review found them (2026-11-27).
 """
 
 from __future__ import annotations
@@ -70,6 +72,42 @@ class ForwardedWritesTest(tf.test.TestCase):
             return v.read_value()
 
         self.assertAllEqual(self._traced(step, v), [7.0])
+
+    def test_a_forwarded_read_is_a_read_to_a_gradient_tape(self):
+        # A train_step that writes a weight, then differentiates through it
+        # (SAM): the forwarded value must still reach the variable.
+        v = _variable([3.0])
+
+        def step():
+            v.assign_add(tf.ones([1]))
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(v.value() * v.value())
+            return tape.gradient(loss, v)
+
+        self.assertAllEqual(self._traced(step, v), [8.0])
+
+    def test_a_while_loop_body_reads_each_iterations_value_not_the_one_before_the_loop(self):
+        v = _variable([1.0])
+
+        def step():
+            v.assign([10.0])
+            for _ in tf.range(3):
+                v.assign(v.value() + 1.0)
+            return v.read_value()
+
+        self.assertAllEqual(self._traced(step, v), [13.0])
+
+    def test_a_nested_function_traced_once_reads_the_value_of_each_call(self):
+        v = _variable([0.0])
+        read = tf.function(lambda: v.read_value())
+
+        def step():
+            v.assign([1.0])
+            first = read()
+            v.assign([2.0])
+            return tf.concat([first, read()], 0)
+
+        self.assertAllEqual(self._traced(step, v), [1.0, 2.0])
 
     def test_eager_writes_are_left_as_they_are(self):
         v = _variable([1.0])
