@@ -15,8 +15,9 @@
 - Every test under tests/conformance/ marked `conformance`, so one pytest
   run can select the tier by marker (`make test-tfkeras`).
 - TF's `MultiDeviceIterator` without its per-device prefetch
-  (`_without_device_prefetch`): a test process crashes otherwise, now and
-  then, in TensorFlow.
+  (`_without_device_prefetch`), and the iterators Keras 3 drops kept until
+  the test ends (`_dropped_iterators_kept`): a test process crashes
+  otherwise, now and then, in TensorFlow.
 """
 
 import atexit
@@ -72,6 +73,44 @@ def _without_device_prefetch():
 
 
 _without_device_prefetch()
+
+#: Iterators Keras 3 dropped during the running test (`_dropped_iterators_kept`).
+_DROPPED_ITERATORS: list = []
+
+
+def _dropped_iterators_kept():
+    """Keeps the iterators Keras 3's `EpochIterator.reset` drops until the test ends.
+
+    The segfault above recurred after the prefetch went: at c822c31, and at
+    1ebd6fe and ec94f25 on a 2-core machine with AVX512_FP16 (2026-11-27),
+    each time in `EpochIterator.reset` in `fit` or `evaluate`, destroying
+    the iterator Keras has just read from. A `MultiDeviceIterator`'s host
+    buffer is still being filled by TF's background thread then. Kept
+    here, an iterator of TF's strategies is destroyed at the test's
+    teardown (`pytest_runtest_teardown`), when nothing reads from it.
+    tfdist's iterators are left to tfdist (its iterator reaper destroys
+    them off Keras's thread, and a test checks it). What each contender
+    reads, and in which order, is unchanged.
+    """
+    from keras.src.trainers import epoch_iterator  # noqa: PLC0415 - Keras 3 only.
+
+    reset = epoch_iterator.EpochIterator.reset
+
+    def reset_keeping_the_iterators(self):
+        if type(self._current_iterator).__module__.startswith("tensorflow.python.distribute"):
+            _DROPPED_ITERATORS.append((self._current_iterator, self._epoch_iterator))
+        reset(self)
+
+    epoch_iterator.EpochIterator.reset = reset_keeping_the_iterators
+
+
+_dropped_iterators_kept()
+
+
+def pytest_runtest_teardown(item):
+    del item
+    _DROPPED_ITERATORS.clear()
+
 
 def pytest_collection_modifyitems(config, items):
     del config
