@@ -153,11 +153,12 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
 def _check_row_update(var: Any) -> None:
     """Refuses row gradients (an embedding lookup's) for a table split other than by rows.
 
-    Keras applies them with row scatters, which TF 2.21's DTensor runs on a
-    whole table or one split by rows (its first dimension), with the batch
-    split or not: equal to one device, SGD, momentum and Adam alike
-    (tested). On a table split by columns its lookup fails to compile
-    ("EmitAllScatter was passed a desired_layout ...").
+    A whole table or one split by rows (its first dimension) trains with
+    the batch split or not, equal to one device with SGD, momentum and Adam
+    (tested; a row scatter runs as one dense update,
+    `_dtensor.MeshVariable.scatter_add`). On a table split by columns
+    TF 2.21's DTensor fails to compile the lookup ("EmitAllScatter was
+    passed a desired_layout ...").
 
     Raises:
       LayoutError: For a table split along any dimension but the first.
