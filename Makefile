@@ -67,9 +67,16 @@ TEST_STAGES := test-keras3+test-tfkeras lint docs
 test: $(EXTRAS_TEST)
 	MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES)
 
+# TF's own strategies' runs in the one-process conformance ports (the `tf`
+# contender) check TensorFlow, not tfdist, and cost the most (TF's
+# MirroredStrategy traces each replica apart; under load its replica threads
+# wait on each other): `make test` leaves them out, every test that reads
+# them skipping, saying so; TF_CONTENDER=1 runs them, as test-all does.
+TF_CONTENDER ?= 0
+
 # Every test but the extended ports (`extended` marker), with Keras 3 as tf.keras.
 test-keras3: $(EXTRAS_TEST)
-	$(PY) -m pytest tests -m "not extended" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TFDIST_TEST_TF_CONTENDER=$(TF_CONTENDER) $(PY) -m pytest tests -m "not extended" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 # Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1): the numerics,
 # unit and example tiers that start no cluster of processes, and the whole
@@ -80,13 +87,8 @@ test-keras3: $(EXTRAS_TEST)
 # `test` (CONTRIBUTING.md, "CI").
 # One pytest run (its workers' start-up paid once, and the conformance
 # tier's clusters share the workers with the rest).
-# TF's own strategies' runs in its one-process ports check TensorFlow, not
-# tfdist, and cost the most (TF's MirroredStrategy traces each replica
-# apart): this stage leaves them out unless TFKERAS_TF_CONTENDER=1, as
-# test-all sets (the Keras 3 stage always runs them).
-TFKERAS_TF_CONTENDER ?= 0
 test-tfkeras: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 TFDIST_TEST_TF_CONTENDER=$(TFKERAS_TF_CONTENDER) $(PY) -m pytest tests -m "model and (conformance or not multiprocess) and not extended" $(call xdist,$(PYTEST_JOBS_TFKERAS)) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 TFDIST_TEST_TF_CONTENDER=$(TF_CONTENDER) $(PY) -m pytest tests -m "model and (conformance or not multiprocess) and not extended" $(call xdist,$(PYTEST_JOBS_TFKERAS)) $(PYTEST_FLAGS)
 
 test-tfkeras-rest: $(EXTRAS_TEST)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and multiprocess and not conformance" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
@@ -96,7 +98,7 @@ test-extended: $(EXTRAS_TEST)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m extended $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 test-all: $(EXTRAS_TEST)
-	TFKERAS_TF_CONTENDER=1 MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES) test-tfkeras-rest test-extended
+	TF_CONTENDER=1 MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES) test-tfkeras-rest test-extended
 
 lint: $(EXTRAS_TEST)
 	$(PY) -m mypy --ignore-missing-imports tfdist
