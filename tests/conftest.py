@@ -15,15 +15,18 @@
 - Every test under tests/conformance/ marked `conformance`, so one pytest
   run can select the tier by marker (`make test-tfkeras`).
 - TF's `MultiDeviceIterator` without its per-device prefetch
-  (`_without_device_prefetch`), and the iterators Keras 3 drops kept until
-  the test ends (`_dropped_iterators_kept`): a test process crashes
-  otherwise, now and then, in TensorFlow.
+  (`_without_device_prefetch`), and the iterators Keras 3 drops kept a few
+  seconds and destroyed off the test's thread (`_dropped_iterators_kept`):
+  a test process crashes otherwise, now and then, in TensorFlow.
 """
 
 import atexit
+import collections
 import os
 import shutil
 import tempfile
+import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -74,23 +77,75 @@ def _without_device_prefetch():
 
 _without_device_prefetch()
 
-#: Iterators Keras 3 dropped during the running test (`_dropped_iterators_kept`).
-_DROPPED_ITERATORS: list = []
+#: How long a dropped iterator of TF's strategies is kept before it is destroyed (seconds).
+_KEEP_DROPPED_S = 5.0
+
+
+class _DroppedIterators:
+    """Holds the iterators of TF's strategies that Keras 3 drops; destroys them later, elsewhere.
+
+    `hold` keeps an iterator; a daemon thread destroys each one
+    `_KEEP_DROPPED_S` after it was dropped, off the test's thread. Iterators
+    still held at interpreter exit are released by `atexit` (while
+    TensorFlow is loaded). A forked child starts with none.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: collections.deque = collections.deque()
+        self._thread: threading.Thread | None = None
+        atexit.register(self.release_all)
+        os.register_at_fork(after_in_child=self._reset_in_child)
+
+    def hold(self, *iterators) -> None:
+        with self._lock:
+            self._held.append((time.monotonic(), iterators))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._release_old, name="tests-dropped-iterators", daemon=True)
+                self._thread.start()
+
+    def _release_old(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                old = []
+                while self._held and time.monotonic() - self._held[0][0] > _KEEP_DROPPED_S:
+                    old.append(self._held.popleft())
+            del old  # Destroys them here, taking as long as TF needs.
+
+    def release_all(self) -> None:
+        with self._lock:
+            held = list(self._held)
+            self._held.clear()
+        del held
+
+    def _reset_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._held.clear()
+        self._thread = None
+
+
+_DROPPED_ITERATORS = _DroppedIterators()
 
 
 def _dropped_iterators_kept():
-    """Keeps the iterators Keras 3's `EpochIterator.reset` drops until the test ends.
+    """Keeps the iterators Keras 3's `EpochIterator.reset` drops a while, and destroys them off its thread.
 
     The segfault above recurred after the prefetch went: at c822c31, and at
     1ebd6fe and ec94f25 on a 2-core machine with AVX512_FP16 (2026-11-27),
     each time in `EpochIterator.reset` in `fit` or `evaluate`, destroying
-    the iterator Keras has just read from. A `MultiDeviceIterator`'s host
-    buffer is still being filled by TF's background thread then. Kept
-    here, an iterator of TF's strategies is destroyed at the test's
-    teardown (`pytest_runtest_teardown`), when nothing reads from it.
-    tfdist's iterators are left to tfdist (its iterator reaper destroys
-    them off Keras's thread, and a test checks it). What each contender
-    reads, and in which order, is unchanged.
+    the iterator Keras has just read from (a TensorFlow thread crashed): a
+    `MultiDeviceIterator`'s host buffer is still being filled by TF's
+    background thread then. Kept here, an iterator of TF's strategies is
+    destroyed `_KEEP_DROPPED_S` later, when nothing works on it, on a
+    thread of its own. Not at the test's teardown, as at 4785b8f: on a
+    loaded machine destroying a whole test's iterators there took up to
+    300 s (each destruction waits on TF's threads, which wait to be
+    scheduled; 0.03 s alone, 3.9 s beside four busy processes for one
+    conformance file). tfdist's iterators are left to tfdist (its iterator
+    reaper destroys them off Keras's thread, and a test checks it). What
+    each contender reads, and in which order, is unchanged.
     """
     from keras.src.trainers import epoch_iterator  # noqa: PLC0415 - Keras 3 only.
 
@@ -98,18 +153,13 @@ def _dropped_iterators_kept():
 
     def reset_keeping_the_iterators(self):
         if type(self._current_iterator).__module__.startswith("tensorflow.python.distribute"):
-            _DROPPED_ITERATORS.append((self._current_iterator, self._epoch_iterator))
+            _DROPPED_ITERATORS.hold(self._current_iterator, self._epoch_iterator)
         reset(self)
 
     epoch_iterator.EpochIterator.reset = reset_keeping_the_iterators
 
 
 _dropped_iterators_kept()
-
-
-def pytest_runtest_teardown(item):
-    del item
-    _DROPPED_ITERATORS.clear()
 
 
 def pytest_collection_modifyitems(config, items):
