@@ -7,6 +7,8 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python examples/digits.py --data_path=my.npz    # your own data: arrays x (N, F), y (N,)
     python examples/digits.py --strategy=layer_placement --num_microbatches=4 --model=deep_mlp
         # the layers over 4 CPUs, pipelined; prints where each layer went
+    python examples/digits.py --strategy=layer_placement --data_parallel=2 --model=deep_mlp
+        # two copies of a 2-stage pipeline, each fed half of every batch
     python examples/digits.py --strategy=mesh --mesh=2x2   # batches over 2 rows (tf-keras: 1xN),
         # each hidden layer's weights split over 2 columns; prints every variable's layout
     python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=multi_worker
@@ -66,6 +68,10 @@ _NUM_MICROBATCHES = flags.DEFINE_integer(
     "num_microbatches", 4,
     "Microbatches per step, M (--strategy=layer_placement): the stages idle "
     "(S - 1) / (M + S - 1) of each step.", lower_bound=1)
+_DATA_PARALLEL = flags.DEFINE_integer(
+    "data_parallel", 1,
+    "Copies of the pipeline each batch is split over (--strategy=layer_placement; "
+    "pipeline x data): the devices form this many equal groups.", lower_bound=1)
 _MESH = flags.DEFINE_string(
     "mesh", "2x2",
     "BATCHxMODEL devices of the mesh (--strategy=mesh): BATCH rows each take a "
@@ -104,6 +110,7 @@ class TrainConfig:
     all_reduce: str = "auto"
     compression: str | None = None
     num_microbatches: int = 4
+    data_parallel: int = 1
     mesh: str = "2x2"
     model: str = "mlp"
     global_batch_size: int = 64
@@ -201,8 +208,10 @@ def make_strategy(config: TrainConfig):
         # tfdist: on worker and ps tasks this serves and never returns.
         return tfdist.ParameterServerStrategy(cluster, input_service=config.input_service)
     if config.strategy == "layer_placement":
-        # tfdist: the layers in stages over all local devices, M microbatches a step.
-        return tfdist.LayerPlacementStrategy(num_microbatches=config.num_microbatches)
+        # tfdist: the layers in stages over all local devices (data_parallel
+        # copies of the pipeline), M microbatches a step per copy.
+        return tfdist.LayerPlacementStrategy(
+            num_microbatches=config.num_microbatches, data_parallel=config.data_parallel)
     if config.strategy == "mesh":
         rows, columns = (int(n) for n in config.mesh.lower().split("x"))
         # tfdist: hidden layers in Megatron's pairs: an even one's output columns
@@ -269,6 +278,7 @@ def main(argv: Sequence[str]) -> None:
         all_reduce=_ALL_REDUCE.value,
         compression=_COMPRESSION.value,
         num_microbatches=_NUM_MICROBATCHES.value,
+        data_parallel=_DATA_PARALLEL.value,
         mesh=_MESH.value,
         model=_MODEL.value,
         global_batch_size=_GLOBAL_BATCH_SIZE.value,

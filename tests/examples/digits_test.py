@@ -57,13 +57,16 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertIn(f"replicas={replicas}", result.stdout)
 
     def test_layer_placement_prints_the_placement_report(self):
-        result = _run(["--strategy=layer_placement", "--num_microbatches=2", "--model=deep_mlp"])
+        result = _run(["--strategy=layer_placement", "--num_microbatches=2",
+                       "--data_parallel=2", "--model=deep_mlp"])
         self.assertEqual(result.returncode, 0, msg=result.stderr[-3000:])
         self.assertRegex(result.stdout, r"test_accuracy=0\.\d{4} examples_per_second=")
         self.assertIn("replicas=1", result.stdout)
-        # 9 layers over the 4 simulated CPUs: 4 stages, M = 2, bubble 3/5.
-        self.assertRegex(result.stdout, r"4 stage\(s\), balance_by='params', num_microbatches=2 \(GPipe bubble 60%")
-        for stage in range(4):
+        # 9 layers over two copies of a 2-stage pipeline: M = 2, bubble 1/3.
+        self.assertRegex(result.stdout, r"2 stage\(s\), balance_by='params', num_microbatches=2 \(GPipe bubble 33%")
+        self.assertIn("2 copies of the pipeline (data parallel), stage devices: "
+                      "/device:CPU:0, /device:CPU:1; /device:CPU:2, /device:CPU:3", result.stdout)
+        for stage in range(2):
             self.assertRegex(result.stdout, rf"\n  dense\S*  +/device:CPU:{stage}  stage {stage}\n")
 
     def test_mesh_prints_the_layout_report(self):

@@ -12,7 +12,9 @@ variable created with `colocate_with` (an optimizer slot) is created next
 to that variable and moves with it.
 
 Ops. A graph device function keyed on what is being traced places every
-op of a replica step that has no device of its own:
+op of a replica step that has no device of its own (with several
+pipelines, "a layer's device" is its stage's device in the pipeline whose
+microbatch is being traced, `on_pipeline`):
 
     op created while a placed layer's call runs (forward) -> that layer's device
     op named "gradient_tape/<scope>/..." where <scope> is a recorded call
@@ -30,6 +32,14 @@ layer's call places its forward ops but not the gradients the tape creates
 (they land on the default device), which is why the backward ops are
 matched by name scope. Layer calls are recorded by the strategy's wrappers
 (`enter_layer_call`) while a step is traced.
+
+Pipelines (pipeline x data parallelism). The stages can be copied over
+several equal device groups, `pipelines[d][i]` holding what
+`pipelines[0][i]` holds. Variables live on the first pipeline's devices
+only; ops traced under `on_pipeline(d)` run on pipeline d's devices, so TF
+copies each variable read there (a broadcast per step) and the gradients
+come back to the variable's device to be summed before the one update (a
+reduce): together an all-reduce among each stage's copies.
 """
 
 from __future__ import annotations
@@ -61,7 +71,9 @@ class PlacementExtended(single_replica.SingleReplicaExtended):  # type: ignore[m
 
     Args:
       container_strategy: The `tf.distribute.Strategy` this extends.
-      devices: Canonical stage device names ("/device:CPU:1"), in order.
+      pipelines: Canonical stage device names ("/device:CPU:1") in
+        pipeline order, one tuple per copy of the pipeline, all of one
+        length; variables live on the first.
       host_device: Where variables wait for a plan, and the input lives.
       replica_scope: Returns the context entered around every replica step
         (the strategy installs its layer-call wrappers there).
@@ -71,13 +83,17 @@ class PlacementExtended(single_replica.SingleReplicaExtended):  # type: ignore[m
         self,
         container_strategy: tf.distribute.Strategy,
         *,
-        devices: tuple[str, ...],
+        pipelines: tuple[tuple[str, ...], ...],
         host_device: str,
         replica_scope: Callable[[], ContextManager[None]],
     ) -> None:
         super().__init__(container_strategy)
-        self._devices = devices
-        self._stage_of = {device: index for index, device in enumerate(devices)}
+        self._pipelines = pipelines
+        self._devices = pipelines[0]
+        # Each device's position in its pipeline.
+        self._stage_of = {
+            device: index for devices in pipelines for index, device in enumerate(devices)
+        }
         self._host_device = host_device
         self._default_device = host_device
         self._replica_scope = replica_scope
@@ -145,6 +161,30 @@ class PlacementExtended(single_replica.SingleReplicaExtended):  # type: ignore[m
         finally:
             stack.pop()
 
+    @contextlib.contextmanager
+    def on_pipeline(self, index: int) -> Iterator[None]:
+        """Ops traced inside go to pipeline `index`'s copy of each stage.
+
+        Entered by the microbatch loop around each microbatch's step (and
+        around the one update, on pipeline 0). Thread-local; nests.
+        """
+        previous = self._pipeline_index()
+        self._active.pipeline = index
+        try:
+            yield
+        finally:
+            self._active.pipeline = previous
+
+    def _pipeline_index(self) -> int:
+        return getattr(self._active, "pipeline", 0)  # type: ignore[no-any-return]
+
+    def pipeline_device(self, device: str) -> str:
+        """The current pipeline's copy of the first pipeline's `device`."""
+        position = self._stage_of.get(_short(device))
+        if position is None:
+            return device
+        return self._pipelines[self._pipeline_index()][position]
+
     def _active_stack(self) -> list[str]:
         if not hasattr(self._active, "stack"):
             self._active.stack = []
@@ -176,7 +216,8 @@ class PlacementExtended(single_replica.SingleReplicaExtended):  # type: ignore[m
             if stage is not None:
                 stages.append(stage)
         if stages:
-            return self._devices[min(stages) if backward else max(stages)]
+            devices = self._pipelines[self._pipeline_index()]
+            return devices[min(stages) if backward else max(stages)]
         return getattr(self._active, "last", "")
 
     # ------------------------------------------------------------------

@@ -13,6 +13,11 @@ one; `tfdist.data.splitting.slice_bounds`), and the step runs on each:
     train/test: the last outputs (metrics read after every update)
     predict: the outputs concatenated in order
 
+Pipelines (pipeline x data). With P copies of the pipeline, microbatch m
+runs on copy m // (M / P): each copy gets M / P contiguous microbatches,
+and the summed gradients are applied once on the first copy, where the
+variables live.
+
 Exactness. Keras's loss is a per-batch mean, (1/b_m) sum_{i in m} l_i, so
 the gradient of one device's batch loss is sum_m (b_m / B) grad(loss_m).
 Keras's own `train_step` gets the factor b_m / B on the loss it
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ContextManager
 
 import tensorflow as tf
 
@@ -56,7 +61,11 @@ class MicrobatchedStep:
     Args:
       step: The step function, taking one batch (`model.train_step`, ...).
       keras_step: What Keras step it is (model, kind, built-in or not).
-      num_microbatches: M >= 2.
+      num_microbatches: M >= 2, over all pipelines.
+      num_pipelines: P, copies of the pipeline; the caller makes it divide M.
+      on_pipeline: `on_pipeline(p)` is entered around each microbatch of
+        pipeline p, and `on_pipeline(0)` around the one update; `None`
+        (one pipeline): nothing.
     """
 
     def __init__(
@@ -64,10 +73,15 @@ class MicrobatchedStep:
         step: Callable[[Nested], Any],
         keras_step: keras_compat.KerasStep,
         num_microbatches: int,
+        *,
+        num_pipelines: int = 1,
+        on_pipeline: Callable[[int], ContextManager[None]] | None = None,
     ) -> None:
         self._step = step
         self._keras_step = keras_step
         self._num_microbatches = num_microbatches
+        self._per_pipeline = num_microbatches // num_pipelines
+        self._on_pipeline = on_pipeline or (lambda index: contextlib.nullcontext())
 
     def __call__(self, data: Nested) -> Any:
         kind = self._keras_step.kind
@@ -77,6 +91,7 @@ class MicrobatchedStep:
         accumulator = _GradientAccumulator(
             self._num_microbatches,
             scale_gradients=not self._keras_step.builtin,
+            update_scope=lambda: self._on_pipeline(0),
         )
         outputs = []
         with _training_hooks(kind, self._keras_step, optimizer, accumulator):
@@ -84,7 +99,8 @@ class MicrobatchedStep:
                 start, size = splitting.slice_bounds(rows, index, self._num_microbatches)
                 factor = row_weights.ratio(size, rows, tf.float32)
                 accumulator.factor = factor
-                with keras_compat.loss_factor(factor if kind == "train" else None):
+                with keras_compat.loss_factor(factor if kind == "train" else None), \
+                        self._on_pipeline(index // self._per_pipeline):
                     outputs.append(self._step(splitting.take_rows(data, start, size)))
         accumulator.check_complete()
         if kind == "predict":
@@ -112,9 +128,16 @@ def _training_hooks(
 class _GradientAccumulator:
     """Keeps each microbatch's gradients; applies their sum at the last one."""
 
-    def __init__(self, num_microbatches: int, *, scale_gradients: bool) -> None:
+    def __init__(
+        self,
+        num_microbatches: int,
+        *,
+        scale_gradients: bool,
+        update_scope: Callable[[], ContextManager[None]],
+    ) -> None:
         self._num_microbatches = num_microbatches
         self._scale_gradients = scale_gradients
+        self._update_scope = update_scope
         self._gradients: list[list[Any]] = []
         self._variables: list[Any] | None = None
         self.factor: tf.Tensor | None = None
@@ -128,8 +151,9 @@ class _GradientAccumulator:
         self._variables = variables
         if len(self._gradients) < self._num_microbatches:
             return None
-        total = [_summed(parts) for parts in zip(*self._gradients)]
-        return apply(total, self._variables)
+        with self._update_scope():
+            total = [_summed(parts) for parts in zip(*self._gradients)]
+            return apply(total, self._variables)
 
     def check_complete(self) -> None:
         calls = len(self._gradients)

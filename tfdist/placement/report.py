@@ -18,7 +18,10 @@ class PlacementReport:
     Attributes:
       model_name: The placed model's name.
       plan: The stages and their devices.
-      num_microbatches: Microbatches per step (M).
+      num_microbatches: Microbatches per step and pipeline (M).
+      pipelines: The copies of the pipeline (pipeline x data parallelism),
+        each its devices in stage order; the plan's devices are the
+        first's. Empty: the plan's devices alone.
       microbatch_rows: Rows of the microbatch the per-microbatch numbers
         (activation bytes, FLOPs, times) are for.
       stage_times_s: Per stage, seconds of one forward and backward pass of
@@ -31,6 +34,7 @@ class PlacementReport:
     model_name: str
     plan: plan_lib.PlacementPlan
     num_microbatches: int
+    pipelines: tuple[tuple[str, ...], ...] = ()
     microbatch_rows: int = 1
     stage_times_s: tuple[float, ...] | None = None
     rematerialized: tuple[str, ...] = ()
@@ -81,6 +85,11 @@ class PlacementReport:
         lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
         if self.measured_balance is not None:
             lines.append(f"measured balance (mean/max stage time): {self.measured_balance:.2f}")
+        if len(self.pipelines) > 1:
+            lines.append(
+                f"{len(self.pipelines)} copies of the pipeline (data parallel), stage devices: "
+                + "; ".join(", ".join(p) for p in self.pipelines)
+            )
         if plan.idle_devices:
             lines.append(
                 f"idle devices (more devices than layers): {', '.join(plan.idle_devices)}"

@@ -33,12 +33,23 @@ Each microbatch's forward and backward is its own chain of ops; TF's
 executor runs any op whose inputs are ready, so stage s works on
 microbatch m while stage s+1 works on m-1, as in GPipe. Each stage idles
 (S - 1) / (M + S - 1) of the step (the bubble).
+
+Pipeline x data (`data_parallel=P`): the devices form P equal groups, each
+a copy of the pipeline (group p's i-th device runs what the first group's
+i-th device runs). Each step's batch is cut into P x M microbatches, M per
+copy, contiguous rows; each copy pipelines its own. Variables live on the
+first copy's devices: the other copies read them there (a broadcast per
+step), and every copy's gradients are summed on the variable's device
+before the one update (a reduce), which together all-reduce each stage's
+gradients among its copies. Still one replica to Keras, and still one
+device's training with batch B.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -117,8 +128,14 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         bottleneck cost, see `tfdist.placement.plan_stages`), a
         `{layer name: device}` map (unnamed layers follow the layer
         before them), or a callable `(layer profiles, devices) -> map`.
-      num_microbatches: M >= 1, microbatches per step (training,
-        evaluation and prediction).
+      num_microbatches: M >= 1, microbatches per step and pipeline
+        (training, evaluation and prediction).
+      data_parallel: P >= 1, copies of the pipeline over which each
+        step's batch is split (pipeline x data parallelism; module
+        docstring). `devices` (or the local devices) must number P times
+        the stages of one copy: copy p is `devices[p*S:(p+1)*S]`, and a
+        placement map names the first copy's devices. Applies to Keras's
+        steps; a custom loop's step runs on the first copy.
       balance_by: What "balanced" equalises: "params", "flops" (forward
         FLOPs) or "measured" (each layer timed once on the first device
         at the first step).
@@ -129,8 +146,9 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         batch as given).
 
     Raises:
-      ConfigError: `num_microbatches` < 1, unknown `placement` string or
-        `balance_by`, an empty placement map.
+      ConfigError: `num_microbatches` or `data_parallel` < 1, unknown
+        `placement` string or `balance_by`, an empty placement map, a
+        device count `data_parallel` does not divide.
       DeviceConfigError: A device that does not exist, duplicates, or a TPU.
       TypeError: Arguments of the wrong type.
       PlacementError: (at the first step) a map naming layers the model
@@ -151,11 +169,13 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         placement: Placement = "balanced",
         *,
         num_microbatches: int = 1,
+        data_parallel: int = 1,
         balance_by: str = "params",
         rematerialize: bool = False,
         shard_options: data_options.ShardOptions | None = None,
     ) -> None:
         validation.check_positive_int("num_microbatches", num_microbatches)
+        validation.check_positive_int("data_parallel", data_parallel)
         validation.check_one_of("balance_by", balance_by, placement_lib.BALANCE_BY)
         if not isinstance(rematerialize, bool):
             raise TypeError(
@@ -176,9 +196,21 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
                 for name, device in assignment.items()
             }
         if devices is None and assignment is not None:
+            if data_parallel > 1:
+                raise errors.ConfigError(
+                    f"data_parallel={data_parallel} with a placement map needs devices: "
+                    "the map names the first pipeline's devices, and devices=[...] lists "
+                    "every pipeline's, the first's first (received devices=None)."
+                )
             resolved = tuple(dict.fromkeys(assignment.values()))
         else:
             resolved = devices_lib.resolve_local_devices(devices)
+        if len(resolved) % data_parallel:
+            raise errors.ConfigError(
+                f"data_parallel={data_parallel} copies of the pipeline need a device "
+                f"count it divides; received {len(resolved)} devices {list(resolved)}. "
+                f"Give {data_parallel} x (stages per pipeline) devices."
+            )
         tpus = [d for d in resolved if tf.DeviceSpec.from_string(d).device_type == "TPU"]
         if tpus:
             raise errors.DeviceConfigError(  # tpu: XLA compiles a TPU step whole.
@@ -190,6 +222,11 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         self._assignment = assignment
         self._placement = placement
         self._num_microbatches = num_microbatches
+        self._data_parallel = data_parallel
+        stages = len(resolved) // data_parallel
+        self._pipelines = tuple(
+            tuple(resolved[p * stages:(p + 1) * stages]) for p in range(data_parallel)
+        )
         self._balance_by = balance_by
         self._rematerialize = rematerialize
         self._shard_options = shard_options
@@ -197,7 +234,7 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         self._latest: _PlacedModel | None = None
         extended = extended_lib.PlacementExtended(
             self,
-            devices=tuple(resolved),
+            pipelines=self._pipelines,
             host_device=HOST_DEVICE,
             replica_scope=self._layers_placed,
         )
@@ -209,13 +246,23 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
 
     @property
     def devices(self) -> tuple[str, ...]:
-        """Candidate stage devices in order, canonical (``/device:GPU:0``)."""
+        """Candidate stage devices in order, canonical (``/device:GPU:0``); every pipeline's."""
         return self._devices
 
     @property
+    def pipelines(self) -> tuple[tuple[str, ...], ...]:
+        """The copies of the pipeline (`data_parallel` of them), each its stage devices."""
+        return self._pipelines
+
+    @property
     def num_microbatches(self) -> int:
-        """Microbatches per step (M)."""
+        """Microbatches per step and pipeline (M)."""
         return self._num_microbatches
+
+    @property
+    def data_parallel(self) -> int:
+        """Copies of the pipeline each step's batch is split over (P)."""
+        return self._data_parallel
 
     @property
     def balance_by(self) -> str:
@@ -297,6 +344,7 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
             model_name=placed.name,
             plan=placed.plan,
             num_microbatches=self._num_microbatches,
+            pipelines=self._pipelines,
             microbatch_rows=placed.layout.microbatch_rows,
             stage_times_s=placed.stage_times_s,
             rematerialized=tuple(
@@ -340,13 +388,18 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
             return tf.distribute.Strategy.run(self, fn, args, kwargs, options)
         args = tuple(args)
         self._ensure_placed(step.model, *_model_input(args))
-        if self._num_microbatches == 1 or kwargs or len(args) != 1:
+        if self._total_microbatches == 1 or kwargs or len(args) != 1:
             return tf.distribute.Strategy.run(self, fn, args, kwargs, options)
+        microbatched_step = functools.partial(
+            _microbatch.MicrobatchedStep,
+            keras_step=step,
+            num_microbatches=self._total_microbatches,
+            num_pipelines=self._data_parallel,
+            on_pipeline=self.extended.on_pipeline,
+        )
         if keras_compat.is_bound_step(fn, step):
-            microbatched = _microbatch.MicrobatchedStep(fn, step, self._num_microbatches)
-            return tf.distribute.Strategy.run(self, microbatched, args, None, options)
-        original = getattr(step.model, f"{step.kind}_step")
-        microbatched = _microbatch.MicrobatchedStep(original, step, self._num_microbatches)
+            return tf.distribute.Strategy.run(self, microbatched_step(fn), args, None, options)
+        microbatched = microbatched_step(getattr(step.model, f"{step.kind}_step"))
         with keras_compat.step_replaced(step, microbatched):
             return tf.distribute.Strategy.run(self, fn, args, None, options)
 
@@ -378,6 +431,11 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
 
     # ------------------------------------------------------------------
     # Placement.
+
+    @property
+    def _total_microbatches(self) -> int:
+        """Microbatches of one step over every pipeline."""
+        return self._num_microbatches * self._data_parallel
 
     def _placed_model(self, model: Any) -> _PlacedModel:
         placed = self._latest if model is None else self._placed.get(id(model))
@@ -412,7 +470,7 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         return placed
 
     def _plan_and_move(self, model: Any, x: Any, batch_size: int) -> _PlacedModel:
-        rows = max(1, math.ceil(batch_size / self._num_microbatches))
+        rows = max(1, math.ceil(batch_size / self._total_microbatches))
         x_spec = tf.nest.map_structure(lambda t: _microbatch_spec(t, rows), x)
         layout = _layer_profile.profile_model(model, x_spec, microbatch_rows=rows)
         extended = self.extended
@@ -421,8 +479,8 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
             for call in layout.calls:
                 variables = keras_layers.resource_variables(call.layer)
                 for variable in variables:
-                    extended.move(variable, self._devices[0])
-                times.append(_layer_profile.time_layer(call, self._devices[0]))
+                    extended.move(variable, self._pipelines[0][0])
+                times.append(_layer_profile.time_layer(call, self._pipelines[0][0]))
                 for variable in variables:
                     extended.move(variable, HOST_DEVICE)
             layout = _layer_profile.with_times(layout, times)
@@ -454,13 +512,14 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
         )
 
     def _plan(self, graph: placement_lib.LayerGraph) -> placement_lib.PlacementPlan:
-        stage_devices = self._devices if self._explicit_devices else None
+        devices = self._pipelines[0]  # The others copy it.
+        stage_devices = devices if self._explicit_devices else None
         if self._assignment is not None:
             return placement_lib.plan_from_assignment(
                 graph, self._assignment, devices=stage_devices, balance_by=self._balance_by
             )
         if callable(self._placement):
-            chosen = self._placement(graph.layers, self._devices)
+            chosen = self._placement(graph.layers, devices)
             if not isinstance(chosen, Mapping):
                 raise TypeError(
                     "a placement callable must return a {layer name: device} "
@@ -473,7 +532,7 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
             return placement_lib.plan_from_assignment(
                 graph, assignment, devices=stage_devices, balance_by=self._balance_by
             )
-        return placement_lib.plan_stages(graph, self._devices, balance_by=self._balance_by)
+        return placement_lib.plan_stages(graph, devices, balance_by=self._balance_by)
 
     @contextlib.contextmanager
     def _layers_placed(self) -> Iterator[None]:
@@ -493,9 +552,10 @@ class LayerPlacementStrategy(strategy_input.DistributedInputMixin, tf.distribute
             def call(*args: Any, **kwargs: Any) -> Any:
                 if rematerialize and not tf.executing_eagerly():
                     return _recomputed(
-                        original, args, kwargs, lambda: extended.enter_layer_call(device)
+                        original, args, kwargs,
+                        lambda: extended.enter_layer_call(extended.pipeline_device(device)),
                     )
-                with extended.enter_layer_call(device):
+                with extended.enter_layer_call(extended.pipeline_device(device)):
                     return original(*args, **kwargs)
 
             return call

@@ -90,6 +90,25 @@ class ConstructorValidationTest(parameterized.TestCase):
         with self.assertRaisesRegex(TypeError, r"rematerialize='yes'"):
             tfdist.LayerPlacementStrategy(DEVICES[:2], rematerialize="yes")
 
+    def test_data_parallel_not_dividing_the_devices_raises_config_error(self):
+        with self.assertRaisesRegex(
+                errors.ConfigError, r"data_parallel=2 .*received 3 devices.*Give 2 x"):
+            tfdist.LayerPlacementStrategy(DEVICES[:3], data_parallel=2)
+
+    def test_data_parallel_with_a_map_and_no_devices_raises_config_error(self):
+        with self.assertRaisesRegex(errors.ConfigError, r"data_parallel=2 with a placement map needs devices"):
+            tfdist.LayerPlacementStrategy(placement={"d0": "/cpu:0"}, data_parallel=2)
+
+    def test_data_parallel_below_one_raises_config_error(self):
+        with self.assertRaisesRegex(errors.ConfigError, r"data_parallel=0.*integer >= 1"):
+            tfdist.LayerPlacementStrategy(DEVICES[:2], data_parallel=0)
+
+    def test_data_parallel_cuts_the_devices_into_pipelines_in_order(self):
+        strategy = tfdist.LayerPlacementStrategy(DEVICES, data_parallel=2)
+        self.assertEqual(strategy.num_replicas_in_sync, 1)
+        self.assertEqual(strategy.pipelines, (("/device:CPU:0", "/device:CPU:1"),
+                                              ("/device:CPU:2", "/device:CPU:3")))
+
     def test_one_replica_whatever_the_devices(self):
         strategy = tfdist.LayerPlacementStrategy(DEVICES)
         self.assertEqual(strategy.num_replicas_in_sync, 1)
