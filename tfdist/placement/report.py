@@ -19,9 +19,6 @@ class PlacementReport:
       model_name: The placed model's name.
       plan: The stages and their devices.
       num_microbatches: Microbatches per step and pipeline (M).
-      pipelines: The copies of the pipeline (pipeline x data parallelism),
-        each its devices in stage order; the plan's devices are the
-        first's. Empty: the plan's devices alone.
       microbatch_rows: Rows of the microbatch the per-microbatch numbers
         (activation bytes, FLOPs, times) are for.
       stage_times_s: Per stage, seconds of one forward and backward pass of
@@ -29,15 +26,18 @@ class PlacementReport:
         not measured.
       rematerialized: Names of the layers whose activations are recomputed
         in the backward pass.
+      pipelines: The copies of the pipeline (pipeline x data parallelism),
+        each its devices in stage order; the plan's devices are the
+        first's. Empty: the plan's devices alone.
     """
 
     model_name: str
     plan: plan_lib.PlacementPlan
     num_microbatches: int
-    pipelines: tuple[tuple[str, ...], ...] = ()
     microbatch_rows: int = 1
     stage_times_s: tuple[float, ...] | None = None
     rematerialized: tuple[str, ...] = ()
+    pipelines: tuple[tuple[str, ...], ...] = ()
 
     @property
     def bubble_fraction(self) -> float:
