@@ -66,7 +66,7 @@ def _dtensor_device(name: str) -> str:
 
 
 def make_mesh(spec: layouts_lib.MeshSpec) -> dtensor.Mesh:
-    """DTensor's mesh over `spec`'s devices, axes and shape."""
+    """DTensor's mesh over `spec`'s devices (this process's), axes and shape."""
     return dtensor.create_mesh(
         list(zip(spec.axis_names, spec.shape)),
         devices=[_dtensor_device(d) for d in spec.devices],

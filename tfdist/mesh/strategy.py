@@ -35,11 +35,18 @@ any strategy). Each step is traced with a variable's writes
 forwarded to its later reads (`_dtensor.forwarded_writes`): TF's DTensor
 does not always keep a read after its write in order.
 
-Limits of this version: one process (the mesh is this process's devices); layouts
+Across workers (a TF_CONFIG cluster of workers, e.g. under `tfdist.launch
+--workers N`): every worker builds the same strategy, the mesh spans every
+worker's devices, the batch axis first and the others inside one worker;
+each worker reads only its rows of every global batch (`_multi_client.py`).
+
+Limits of this version: layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding table split by columns
 is refused (`LayoutError`: TF's DTensor cannot compile its lookup); a last batch the batch axis does not
-divide runs whole on every device (correct, not split).
+divide runs whole on every device in one process (correct, not split), and is refused across workers
+(`LayoutError`: a worker holds only its rows); across workers nothing watches for a lost worker (a
+collective waits for it).
 """
 
 from __future__ import annotations
@@ -52,15 +59,23 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.experimental import dtensor
 
+from tfdist import cluster as cluster_lib
 from tfdist import devices as devices_lib
 from tfdist import errors
 from tfdist._internal import keras_ps
+from tfdist.data.distributed import data_service
+from tfdist.data.distributed import distribute
 from tfdist.data.distributed import iterator_reaper
+from tfdist.data.distributed import split
 from tfdist.mesh import _dtensor
 from tfdist.mesh import _extended
+from tfdist.mesh import _multi_client
 from tfdist.mesh import layouts as layouts_lib
 
 __all__ = ["MeshStrategy"]
+
+#: How long a worker waits for the chief's input service (seconds).
+_INPUT_TIMEOUT_S = 60.0
 
 #: How TF's DTensor refuses an op it has no layout rule for.
 _UNSUPPORTED_OP = re.compile(r"'tf\.(\w+)' op does not implement layout propagation")
@@ -77,7 +92,10 @@ class MeshStrategy(tf.distribute.Strategy):
       mesh: A `keras.distribution.DeviceMesh` (Keras 3), a
         `tfdist.mesh.DeviceMesh` (the same, for tf-keras), or `{axis_name:
         size}` over this process's devices (`tfdist.local_devices()`, in
-        order; e.g. `{"batch": 2, "model": 2}` on 4 devices).
+        order; e.g. `{"batch": 2, "model": 2}` on 4 devices). On a
+        TF_CONFIG cluster of N workers: `{axis_name: size}` over every
+        worker's devices, worker-major, the batch axis first (e.g.
+        `{"batch": 4, "model": 2}` on 2 workers of 4 devices).
       layout_map: A `keras.distribution.LayoutMap`, a `tfdist.mesh.LayoutMap`,
         or a dict, from a regular expression matching a variable's whole
         path to its axes. The path is Keras 3's `variable.path` (e.g.
@@ -96,9 +114,18 @@ class MeshStrategy(tf.distribute.Strategy):
         parallelism); by default the mesh's first axis, as in Keras's
         `ModelParallel`.
 
+    Contract on a cluster: every worker creates the strategy, first thing
+    after configuring its devices (it starts TF's DTensor runtime, which
+    must come before anything else starts TensorFlow's; it blocks until
+    every worker has), and runs the same steps on the same datasets.
+
     Raises:
+      ConfigError: On a TF_CONFIG cluster: a task other than a worker, or
+        TensorFlow already started.
       LayoutError: A mesh whose size is not its number of devices, a layout
-        naming an axis the mesh lacks, a `batch_dim_name` not in the mesh;
+        naming an axis the mesh lacks, a `batch_dim_name` not in the mesh,
+        on a cluster a batch axis that is not first or other axes that
+        span workers;
         when the model is built, a variable whose split dimension its axis
         does not divide (naming the variable); at the first step, an
         embedding table split by columns.
@@ -110,13 +137,18 @@ class MeshStrategy(tf.distribute.Strategy):
         layout_map: Any = None,
         batch_dim_name: str | None = None,
     ) -> None:
-        spec = layouts_lib.MeshSpec.from_user(mesh, devices_lib.local_devices())
+        config = cluster_lib.parse_tf_config()
+        cluster = config if _multi_client.is_multi_client(config) else None
+        devices = devices_lib.local_devices() if cluster is None else _multi_client.start(cluster)
+        spec = layouts_lib.MeshSpec.from_user(mesh, devices)
         batch_dim_name = spec.axis_names[0] if batch_dim_name is None else batch_dim_name
         if batch_dim_name not in spec.axis_names:
             raise errors.LayoutError(
                 f"batch_dim_name={batch_dim_name!r} is not an axis of the mesh, whose axes "
                 f"are {list(spec.axis_names)}. Name the axis batches are split over."
             )
+        if cluster is not None:
+            _multi_client.check_mesh(spec, batch_dim_name, cluster.num_workers)
         rules: layouts_lib.LayoutRules | layouts_lib.AutomaticLayouts
         if layout_map is None:
             rules = layouts_lib.AutomaticLayouts(spec, batch_dim_name)
@@ -124,7 +156,13 @@ class MeshStrategy(tf.distribute.Strategy):
             rules = layouts_lib.LayoutRules.from_user(layout_map, spec)
         self._spec = spec
         self._batch_dim_name = batch_dim_name
-        self._mesh = _dtensor.make_mesh(spec)
+        self._mesh = (
+            _dtensor.make_mesh(spec) if cluster is None
+            else _multi_client.make_mesh(spec, batch_dim_name, cluster)
+        )
+        self._cluster = cluster
+        self._input_service = None if cluster is None else data_service.ChiefInputService(
+            cluster, self._input_layout(), timeout_s=_INPUT_TIMEOUT_S)
         super().__init__(
             _extended.MeshExtended(self, mesh=self._mesh, rules=rules, batch_dim_name=batch_dim_name)
         )
@@ -185,11 +223,31 @@ class MeshStrategy(tf.distribute.Strategy):
         Called by Keras 3's `fit`/`evaluate`/`predict`, it also gives the
         model the strategy's step functions (module docstring).
         """
-        del options
         call = keras_ps.calling_model()
         if call is not None:
             self._install_step_functions(call.model)
-        return MeshDataset(dataset, self)
+        if self._cluster is None:
+            return MeshDataset(dataset, self.on_mesh)
+        rows = distribute.distribute_dataset(
+            dataset, self._input_layout(), shard_options=None, input_options=options,
+            chief_service=self._input_service)
+        return MeshDataset(rows, self._on_mesh_from_rows, element_spec=dataset.element_spec)
+
+    def _input_layout(self) -> split.InputLayout:
+        """This worker's batch positions among the batch axis's (one pipeline per worker)."""
+        assert self._cluster is not None and self._cluster.worker_index is not None
+        return split.InputLayout(
+            num_replicas_in_sync=self._spec.axis_size(self._batch_dim_name),
+            num_workers=self._cluster.num_workers,
+            worker_index=self._cluster.worker_index,
+        )
+
+    def _on_mesh_from_rows(self, batch: Any) -> Any:
+        """This worker's rows of a global batch (tfdist's input values) onto the mesh."""
+        return tf.nest.map_structure(
+            lambda value: _multi_client.pack_local(value, self._mesh, self._batch_dim_name, self._spec),
+            batch,
+        )
 
     def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
         """`dataset_fn(InputContext())` as `experimental_distribute_dataset` gives it (one pipeline)."""
@@ -320,21 +378,24 @@ def _unused_keys_message(patterns: list[str]) -> str:
 
 
 class MeshDataset:
-    """A dataset whose batches arrive on the mesh (`MeshStrategy.on_mesh`); iterate eagerly.
+    """A dataset whose batches arrive on the mesh; iterate eagerly.
 
     Args:
-      dataset: The batched `tf.data.Dataset`.
-      strategy: The strategy whose mesh the batches go to.
+      dataset: The batched `tf.data.Dataset` (one process), or tfdist's
+        distributed dataset of this worker's rows (across workers).
+      on_mesh: Puts one element of `dataset` on the mesh.
+      element_spec: The spec of one whole batch; `None`: `dataset`'s.
     """
 
-    def __init__(self, dataset: tf.data.Dataset, strategy: MeshStrategy) -> None:
+    def __init__(self, dataset: Any, on_mesh: Any, element_spec: Any = None) -> None:
         self._dataset = dataset
-        self._strategy = strategy
+        self._on_mesh = on_mesh
+        self._element_spec = dataset.element_spec if element_spec is None else element_spec
 
     @property
     def element_spec(self) -> Any:
-        """The dataset's element spec (of one whole batch)."""
-        return self._dataset.element_spec
+        """The spec of one whole batch."""
+        return self._element_spec
 
     def __iter__(self) -> Iterator[Any]:
         """An iterator of the dataset, created now (not at the first batch).
@@ -345,6 +406,6 @@ class MeshDataset:
         each epoch's end), and each creation is the next epoch's order.
         """
         iterator = iter(self._dataset)
-        if tf.executing_eagerly():
+        if tf.executing_eagerly() and isinstance(self._dataset, tf.data.Dataset):
             iterator_reaper.adopt(iterator)  # Its teardown off Keras's thread.
-        return (self._strategy.on_mesh(batch) for batch in iterator)
+        return (self._on_mesh(batch) for batch in iterator)
