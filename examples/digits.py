@@ -12,6 +12,8 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python examples/digits.py --strategy=mesh --mesh=2x2   # batches over 2 rows (tf-keras: 1xN),
         # each hidden layer's weights split over 2 columns; prints every variable's layout
     python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=multi_worker
+    python -m tfdist.launch --workers 2 -- python examples/digits.py --strategy=mesh \
+        --mesh=2x2 --simulate_cpu_devices=2   # batch axis between the workers, layers split in each
     python -m tfdist.launch --chief --workers 2 --ps 2 -- python -u examples/digits.py \
         --strategy=parameter_server          # variables on 2 ps, steps on 2 workers
     python examples/digits.py --strategy=parameter_server  # the same, in-process cluster

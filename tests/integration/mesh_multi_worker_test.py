@@ -5,7 +5,7 @@ the batch axis first: {"batch": 2, "model": 2} (data parallel between the
 workers, every Dense layer split over each worker's two CPUs) and
 {"batch": 4, "model": 1} (data parallel over all four). Training through
 `model.fit`, `evaluate` and `predict` must equal one device with the same
-global batch; bad meshes and a short last batch give a `tfdist` error. Runs under Keras 3 and
+global batch, a short last batch included; a bad mesh gives a `tfdist` error. Runs under Keras 3 and
 (TF_USE_LEGACY_KERAS=1) tf-keras.
 """
 
@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
 FLOAT32_RTOL = 1e-5
 FLOAT32_ATOL = 1e-6
 GLOBAL_BATCH_SIZE = 32
-# 4 steps an epoch, each split evenly over the batch axis (2 or 4 positions).
-NUM_EXAMPLES = 128
+# 118 = 3 * 32 + 22: a short last step, which the batch axis (2 or 4
+# positions) divides into 11 + 11 rows or not (6 + 6 + 5 + 5).
+NUM_EXAMPLES = 118
 CLUSTER_TIMEOUT_S = 150
 #: Megatron's pair: the first Dense by output columns, the second by input rows.
 LAYOUT_MAP = {
@@ -91,20 +92,6 @@ def error_of(mesh: dict) -> str:
     return "no error"
 
 
-def uneven_batch_error() -> str:
-    """The tfdist error a worker gets fitting a last batch of 22 rows on a 4-position batch axis."""
-    tfdist.simulate_cpu_devices(2)
-    strategy = tfdist.MeshStrategy({"batch": 4, "model": 1}, layout_map={})
-    x, y = _data()
-    with strategy.scope():
-        model = _model()
-    try:
-        model.fit(x[:118], y[:118], batch_size=GLOBAL_BATCH_SIZE, epochs=1, shuffle=False, verbose=0)
-    except tfdist.errors.TfdistError as error:
-        return f"{type(error).__name__}: {error}"
-    return "no error"
-
-
 class MeshAcrossWorkersTest(tf.test.TestCase, parameterized.TestCase):
 
     @classmethod
@@ -138,13 +125,6 @@ class MeshAcrossWorkersTest(tf.test.TestCase, parameterized.TestCase):
             self.assertRegex(
                 message, r"LayoutError: on a cluster of 2 workers with 2 device\(s\) each, the mesh "
                 r"\{'batch': 1, 'model': 4\} must .* \(their sizes' product, 4, must divide 2\)")
-
-    def test_short_last_batch_raises_layout_error_naming_the_fix(self):
-        messages = run_local_cluster(uneven_batch_error, num_workers=2, timeout_s=CLUSTER_TIMEOUT_S)
-        for message in messages:
-            self.assertRegex(
-                message, r"LayoutError: a global batch the mesh's batch axis \(4 positions\) does not "
-                r"divide .*slices of \[5, 6\] rows.*drop_remainder=True")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ The mesh's batch dimension is then the global batch in its own order, and
 Input: each worker reads only its rows of every global batch, as the
 multi-worker strategy's workers do (`tfdist.data.distributed`: one pipeline
 per worker, the chief's tf.data service where the workers' pipelines
-cannot agree), and packs them onto its own devices (`pack_local`).
+cannot agree), and packs them onto its own devices (`pack_local`; a short
+last batch is gathered whole onto every device).
 """
 
 from __future__ import annotations
@@ -164,32 +165,54 @@ def check_mesh(spec: layouts_lib.MeshSpec, batch_dim_name: str, num_workers: int
 def pack_local(
     value: Any, mesh: dtensor.Mesh, batch_dim_name: str, spec: layouts_lib.MeshSpec
 ) -> tf.Tensor:
-    """This worker's replica slices of one input leaf, on the mesh split along the batch axis.
+    """This worker's replica slices of one input leaf, as one DTensor of the global batch.
 
     `value` is an input value of tfdist's distributed datasets: one slice
-    per batch position this worker holds, in `make_mesh`'s order. Every
-    local device gets the slice of its batch position (the devices along
-    the other axes share it).
+    per batch position this worker holds, in `make_mesh`'s order, and the
+    global batch's rows. A global batch the batch axis divides is split
+    along it, every local device holding the slice of its batch position
+    (the devices along the other axes share it). One it does not divide
+    (an epoch's short last batch) goes whole to every device, as in one
+    process: each worker pads its slices to the largest slice's rows, the
+    padded batch is gathered onto every device, and the padding is dropped
+    (one all-gather, at that batch only). Every worker decides alike, from
+    the global batch's rows.
 
     Raises:
-      LayoutError: Slices of different sizes (a global batch the batch
-        axis does not divide: an epoch's short last batch).
+      LayoutError: Slices of different sizes in a batch whose global rows
+        the input does not know (a pipeline tfdist did not batch).
     """
     slices: Sequence[tf.Tensor] = (
         value.values if input_values.is_input_value(value) else (value,)
     )
-    rows = {int(s.shape[0]) for s in slices} if slices[0].shape.rank else {0}
-    if len(rows) > 1:
-        raise errors.LayoutError(
-            f"a global batch the mesh's batch axis ({spec.axis_size(batch_dim_name)} "
-            f"positions) does not divide reached a mesh across workers (slices of "
-            f"{sorted(rows)} rows); DTensor splits a batch only evenly. Use batches it "
-            "divides: drop the short last batch (dataset.batch(..., drop_remainder=True)) "
-            "or pick a batch size with no remainder."
-        )
-    inner = spec.size // spec.axis_size(batch_dim_name)
-    components = [slices[index // inner] for index in range(len(slices) * inner)]
     rank = slices[0].shape.rank or 0
-    axes = [batch_dim_name if rank else None] + [dtensor.UNSHARDED] * (rank - 1)
-    target = dtensor.Layout([a if a is not None else dtensor.UNSHARDED for a in axes][:rank], mesh)
-    return dtensor.pack(components, target)
+    positions = spec.axis_size(batch_dim_name)
+    inner = spec.size // positions
+    split = dtensor.Layout([batch_dim_name] + [dtensor.UNSHARDED] * (rank - 1) if rank else [], mesh)
+    global_rows = (
+        int(value.global_rows) if input_values.is_input_value(value) else input_values.UNKNOWN_ROWS
+    )
+    sizes = [int(s.shape[0]) for s in slices] if rank else [0]
+    if global_rows == input_values.UNKNOWN_ROWS:
+        if len(set(sizes)) > 1:
+            raise errors.LayoutError(
+                f"a batch the mesh's batch axis ({positions} positions) does not divide reached "
+                f"a mesh across workers (slices of {sorted(set(sizes))} rows), from a pipeline "
+                "whose global batch size is not known. Batch it with batches the axis "
+                "divides (dataset.batch(..., drop_remainder=True))."
+            )
+        global_rows = sizes[0] * positions
+    if not rank or global_rows % positions == 0:
+        return dtensor.pack([slices[i // inner] for i in range(len(slices) * inner)], split)
+    largest = -(-global_rows // positions)
+    padded = [
+        tf.pad(s, [[0, largest - int(s.shape[0])]] + [[0, 0]] * (rank - 1)) for s in slices
+    ]
+    gathered = dtensor.relayout(
+        dtensor.pack([padded[i // inner] for i in range(len(padded) * inner)], split),
+        dtensor.Layout.replicated(mesh, rank),
+    )
+    quotient, extra = divmod(global_rows, positions)
+    rows = [p * largest + i for p in range(positions) for i in range(quotient + (p < extra))]
+    indices = dtensor.copy_to_mesh(tf.constant(rows, tf.int64), dtensor.Layout.replicated(mesh, 1))
+    return tf.gather(gathered, indices)

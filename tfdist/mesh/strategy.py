@@ -44,9 +44,8 @@ Limits of this version: layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding table split by columns
 is refused (`LayoutError`: TF's DTensor cannot compile its lookup); a last batch the batch axis does not
-divide runs whole on every device in one process (correct, not split), and is refused across workers
-(`LayoutError`: a worker holds only its rows); across workers nothing watches for a lost worker (a
-collective waits for it).
+divide runs whole on every device (correct, not split; across workers, gathered from the workers' rows);
+across workers nothing watches for a lost worker (a collective waits for it).
 """
 
 from __future__ import annotations
