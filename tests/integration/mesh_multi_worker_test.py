@@ -17,18 +17,19 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import tfdist
+from tests.integration import multi_worker_fit_test
 from tfdist.testing import run_local_cluster
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
 
-# Same examples and initial weights; only float32 summation order differs.
-FLOAT32_RTOL = 1e-5
-FLOAT32_ATOL = 1e-6
-GLOBAL_BATCH_SIZE = 32
-# 118 = 3 * 32 + 22: a short last step, which the batch axis (2 or 4
-# positions) divides into 11 + 11 rows or not (6 + 6 + 5 + 5).
-NUM_EXAMPLES = 118
-CLUSTER_TIMEOUT_S = 150
+# The multi-worker test's tolerances, batch and examples: 118 = 3 * 32 + 22,
+# a short last step, which the batch axis (2 or 4 positions) divides into
+# 11 + 11 rows or not (6 + 6 + 5 + 5).
+FLOAT32_RTOL = multi_worker_fit_test.FLOAT32_RTOL
+FLOAT32_ATOL = multi_worker_fit_test.FLOAT32_ATOL
+GLOBAL_BATCH_SIZE = multi_worker_fit_test.GLOBAL_BATCH_SIZE
+NUM_EXAMPLES = multi_worker_fit_test.NUM_EXAMPLES
+CLUSTER_TIMEOUT_S = multi_worker_fit_test.CLUSTER_TIMEOUT_S
 #: Megatron's pair: the first Dense by output columns, the second by input rows.
 LAYOUT_MAP = {
     ".*dense/kernel": (None, "model"),

@@ -16,7 +16,7 @@ The mesh's batch dimension is then the global batch in its own order, and
     TF_CONFIG (workers only)  ->  DTENSOR_JOBS / CLIENT_ID / NUM_CLIENTS / JOB_NAME
                               ->  dtensor.initialize_accelerator_system (starts the
                                   cluster runtime; before anything else starts TF's)
-                              ->  dtensor.create_distributed_mesh
+                              ->  a dtensor.Mesh in the input's order (`make_mesh`)
 
 Input: each worker reads only its rows of every global batch, as the
 multi-worker strategy's workers do (`tfdist.data.distributed`: one pipeline
@@ -118,8 +118,8 @@ def make_mesh(
 
     Who calls: `MeshStrategy`, after `start` and `check_mesh`.
     """
-    assert config.task is not None and config.worker_index is not None
-    workers, worker = config.num_workers, config.worker_index
+    assert config.task is not None
+    workers, worker = config.num_workers, config.task.task_id  # Workers only: index = task id.
     local = spec.size // workers
     inner = spec.size // spec.axis_size(batch_dim_name)
     device_type = _device_type()
@@ -129,7 +129,7 @@ def make_mesh(
         for offset in range(inner):
             local_ids.append(position * inner + offset)
             local_devices.append(
-                f"/job:worker/replica:0/task:{config.task.task_id}/device:{device_type}:"
+                f"/job:worker/replica:0/task:{worker}/device:{device_type}:"
                 f"{group * inner + offset}"
             )
     return dtensor.Mesh(
@@ -147,8 +147,9 @@ def _device_type() -> str:
 def check_mesh(spec: layouts_lib.MeshSpec, batch_dim_name: str, num_workers: int) -> None:
     """Raises `LayoutError` unless the batch axis runs between workers and the rest inside one.
 
-    The mesh's devices are worker-major, so that holds when the batch axis
-    is the first and the product of the others divides a worker's devices.
+    Each batch position is a group of devices of one worker (`make_mesh`),
+    so that holds when the batch axis is the first and the product of the
+    others divides a worker's devices.
     """
     local = spec.size // num_workers
     inner = spec.size // spec.axis_size(batch_dim_name)
@@ -202,14 +203,18 @@ def pack_local(
                 "divides (dataset.batch(..., drop_remainder=True))."
             )
         global_rows = sizes[0] * positions
+    def per_device(parts: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        # Local device i holds batch position group i // inner.
+        return [parts[i // inner] for i in range(len(parts) * inner)]
+
     if not rank or global_rows % positions == 0:
-        return dtensor.pack([slices[i // inner] for i in range(len(slices) * inner)], split)
+        return dtensor.pack(per_device(slices), split)
     largest = -(-global_rows // positions)
     padded = [
         tf.pad(s, [[0, largest - int(s.shape[0])]] + [[0, 0]] * (rank - 1)) for s in slices
     ]
     gathered = dtensor.relayout(
-        dtensor.pack([padded[i // inner] for i in range(len(padded) * inner)], split),
+        dtensor.pack(per_device(padded), split),
         dtensor.Layout.replicated(mesh, rank),
     )
     quotient, extra = divmod(global_rows, positions)
