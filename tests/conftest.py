@@ -18,6 +18,11 @@
   (`_without_device_prefetch`), and the iterators Keras 3 drops kept a few
   seconds and destroyed off the test's thread (`_dropped_iterators_kept`):
   a test process crashes otherwise, now and then, in TensorFlow.
+- `PYTHONFAULTHANDLER=1` for every process a test starts (cluster tasks,
+  launched scripts, their preload templates): a task that dies of a signal
+  prints every Python thread's stack to its output, which the test's report
+  shows prefixed with the task's name. pytest does the same for its own
+  process.
 """
 
 import atexit
@@ -37,6 +42,7 @@ from tensorflow.python.data.ops import multi_device_iterator_ops
 from tfdist.testing import use_logical_cpus
 
 use_logical_cpus(4)
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 tf.config.threading.set_intra_op_parallelism_threads(
     int(os.environ.get("TFDIST_TEST_INTRA_OP_THREADS", "1"))
 )
