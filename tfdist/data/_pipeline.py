@@ -18,8 +18,10 @@ tensors through `TF_INT64`; permutations are `_permutation`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,12 +118,33 @@ class EpochSchedule:
     reshuffle_each_iteration: bool
 
 
+#: Lists collecting the iteration counters made while `iteration_counters` is open.
+_collecting: list[list[tf.Variable]] = []
+
+
+@contextlib.contextmanager
+def iteration_counters() -> Iterator[list[tf.Variable]]:
+    """Collects the counters of the pipelines built inside (see `iterations`).
+
+    A counter's value is the number of iterators that have started
+    producing; the epoch of the last of them is `first_epoch + value - 1`.
+    """
+    counters: list[tf.Variable] = []
+    _collecting.append(counters)
+    try:
+        yield counters
+    finally:
+        _collecting.remove(counters)
+
+
 def iterations(schedule: EpochSchedule) -> tf.data.Dataset:
     """One int64 scalar per iterator: the iteration number (see module doc)."""
     zero = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
     if not schedule.reshuffle_each_iteration:
         return zero
     counter = variables.make_local_counter("tfdist_data_iteration")
+    for counters in _collecting:
+        counters.append(counter)
 
     @_no_autograph
     def next_iteration(unused: tf.Tensor) -> tf.Tensor:

@@ -63,6 +63,7 @@ from tfdist import devices as devices_lib
 from tfdist import errors
 from tfdist._internal import keras_ps
 from tfdist.data.distributed import data_service
+from tfdist.data.distributed import dataset as dataset_lib
 from tfdist.data.distributed import distribute
 from tfdist.data.distributed import iterator_reaper
 from tfdist.data.distributed import split
@@ -226,7 +227,12 @@ class MeshStrategy(tf.distribute.Strategy):
         if call is not None:
             self._install_step_functions(call.model)
         if self._cluster is None:
-            return MeshDataset(dataset, self.on_mesh)
+            # Through tfdist's distributed dataset for where its passes start
+            # (tfdist.elastic resumes an epoch there).
+            return MeshDataset(
+                dataset_lib.DistributedDataset.from_dataset(dataset), self.on_mesh,
+                element_spec=dataset.element_spec,
+            )
         rows = distribute.distribute_dataset(
             dataset, self._input_layout(), shard_options=None, input_options=options,
             chief_service=self._input_service)

@@ -7,7 +7,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist._internal import variables
 from tfdist.data.distributed import iterator_reaper
+from tfdist.data.distributed import resume
 
 __all__ = ["DistributedDataset"]
 
@@ -29,12 +31,24 @@ class DistributedDataset(tf.distribute.DistributedDataset):
     tf.data-service job: every worker must create its iterators in the same
     order, as Keras and the same script on every worker do).
 
+    A pass started while a `resume.ResumePoint` is armed (by
+    `tfdist.elastic`) takes it: see `resumed`.
+
     Args:
       make_dataset: Returns the per-replica `tf.data.Dataset` for the next
         iteration; called once per `iter()`.
       element_spec: Its element spec.
       cardinality: Number of elements per iteration, or
         `tf.data.UNKNOWN_CARDINALITY` / `tf.data.INFINITE_CARDINALITY`.
+      resumed: Given the point (epoch e, step k), returns the
+        distributed dataset this one becomes for this pass and every later
+        one: its first pass is epoch e from its step k. None: this pass
+        skips its first k elements (global steps) and later passes are as
+        before, which resumes exactly when every pass yields the same
+        batches.
+      pass_epoch: For a pipeline whose passes are epochs (a sharder's),
+        returns the epoch of the last pass that produced an element; each
+        pass hands it to `resume.started`. None: passes are not numbered.
     """
 
     def __init__(
@@ -43,10 +57,17 @@ class DistributedDataset(tf.distribute.DistributedDataset):
         *,
         element_spec: Any,
         cardinality: int,
+        resumed: Callable[[resume.ResumePoint], DistributedDataset] | None = None,
+        pass_epoch: Callable[[], int] | None = None,
     ) -> None:
         self._make_dataset = make_dataset
         self._element_spec = element_spec
         self._cardinality = cardinality
+        self._resumed = resumed
+        self._pass_epoch = pass_epoch
+        # Set once a resume point was taken with `resumed`: every pass from
+        # then on is this dataset's.
+        self._resumed_as: DistributedDataset | None = None
 
     @classmethod
     def from_dataset(cls, dataset: tf.data.Dataset) -> DistributedDataset:
@@ -58,6 +79,15 @@ class DistributedDataset(tf.distribute.DistributedDataset):
         )
 
     def __iter__(self) -> tf.data.Iterator:
+        point = resume.take() if tf.executing_eagerly() else None
+        if point is not None and self._resumed is not None:
+            self._resumed_as = self._resumed(point)
+        elif point is not None:
+            self._make_dataset = _skipping_once(self._make_dataset, point.step)
+        if self._resumed_as is not None:
+            return iter(self._resumed_as)
+        if tf.executing_eagerly():
+            resume.started(self._pass_epoch)
         iterator = iter(self._make_dataset())
         if tf.executing_eagerly():
             # Keras drops each epoch's iterator as it starts the next
@@ -82,6 +112,8 @@ class DistributedDataset(tf.distribute.DistributedDataset):
         Works eagerly and inside `tf.function` (where autograph turns
         `for x in dist_dataset` into this).
         """
+        if self._resumed_as is not None:
+            return self._resumed_as.reduce(initial_state, reduce_func)
         iterator = iter(self._make_dataset())
 
         def cond(optional: Any, state: Any) -> tf.Tensor:
@@ -99,3 +131,40 @@ class DistributedDataset(tf.distribute.DistributedDataset):
             parallel_iterations=1,
         )
         return final_state
+
+
+def _skipping_once(
+    make_dataset: Callable[[], tf.data.Dataset], steps: int
+) -> Callable[[], tf.data.Dataset]:
+    """`make_dataset` whose first pass to produce skips `steps` elements.
+
+    Keras makes iterators it never reads (tf-keras one before its first
+    epoch, Keras 3 one at each epoch end), so the skip is taken when a pass
+    starts producing, not when it is created.
+    """
+    with tf.init_scope(), tf.device("/cpu:0"):
+        pending = variables.make_local_counter("tfdist_resume_skip")
+        pending.assign(steps)
+
+    def skipping() -> tf.data.Dataset:
+        dataset = make_dataset()
+        return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(
+            _take_value(pending)
+        ).flat_map(dataset.skip)
+
+    return skipping
+
+
+def _take_value(variable: tf.Variable) -> Callable[[tf.Tensor], tf.Tensor]:
+    """A map function that returns `variable`'s value and sets it to 0."""
+
+    @tf.autograph.experimental.do_not_convert
+    def take(unused: tf.Tensor) -> tf.Tensor:
+        del unused
+        value = tf.identity(variable.read_value())
+        with tf.control_dependencies([value]):
+            cleared = variable.assign(0, read_value=False)
+        with tf.control_dependencies([cleared]):
+            return tf.identity(value)
+
+    return take

@@ -29,6 +29,7 @@ worker computes its own share).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from tfdist import errors
 from tfdist._internal import input_values
 from tfdist._internal import tf_data
 from tfdist._internal import tf_random
+from tfdist.data import _pipeline
 from tfdist.data import options as options_lib
 from tfdist.data.distributed import data_service
 from tfdist.data.distributed import dataset as dataset_lib
@@ -203,14 +205,10 @@ def _sharded(
 ) -> tf.distribute.DistributedDataset:
     """Unbatches `dataset` and shards it with `shard_options`, a step at a time."""
     global_batch_size = nominal or 1
-    steps = shard_options.shard_steps(
-        dataset.unbatch(),
-        tf.distribute.InputContext(
-            num_input_pipelines=layout.num_workers,
-            input_pipeline_id=layout.worker_index,
-            num_replicas_in_sync=layout.num_replicas_in_sync,
-        ),
-        global_batch_size=global_batch_size,
+    context = tf.distribute.InputContext(
+        num_input_pipelines=layout.num_workers,
+        input_pipeline_id=layout.worker_index,
+        num_replicas_in_sync=layout.num_replicas_in_sync,
     )
 
     @tf.autograph.experimental.do_not_convert
@@ -226,9 +224,32 @@ def _sharded(
             *replicas,
         )
 
-    return dataset_lib.DistributedDataset.from_dataset(
-        steps.map(per_replica).prefetch(tf.data.AUTOTUNE)
-    )
+    def per_replica_steps(options: options_lib.ShardOptions) -> dataset_lib.DistributedDataset:
+        with _pipeline.iteration_counters() as counters:
+            steps = options.shard_steps(
+                dataset.unbatch(), context, global_batch_size=global_batch_size
+            )
+        per_step = steps.map(per_replica).prefetch(tf.data.AUTOTUNE)
+        first_epoch = options.epoch or 0
+        (counter,) = counters
+
+        def pass_epoch() -> int:
+            # The sharder numbers only iterators that produced (Keras 3
+            # makes some it never reads).
+            return first_epoch + max(int(counter.numpy()) - 1, 0)
+
+        return dataset_lib.DistributedDataset(
+            lambda: per_step,
+            element_spec=per_step.element_spec,
+            cardinality=int(per_step.cardinality()),
+            # A new sharder whose passes are epoch e from step k, then e + 1...
+            resumed=lambda point: per_replica_steps(
+                dataclasses.replace(options, epoch=point.epoch, start_step=point.step)
+            ),
+            pass_epoch=pass_epoch,
+        )
+
+    return per_replica_steps(shard_options)
 
 
 def map_batches(dataset: tf.data.Dataset, fn: Any) -> tf.data.Dataset:
