@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # What the lazy attributes below resolve to.
     from tfdist import cluster
     from tfdist import collectives
     from tfdist import data
+    from tfdist import elastic
     from tfdist import errors
     from tfdist import launch
     from tfdist import layers
@@ -73,6 +74,7 @@ __all__ = [
     "cluster",
     "collectives",
     "data",
+    "elastic",
     "errors",
     "launch",
     "layers",
@@ -89,7 +91,7 @@ __version__ = "0.1.0"
 # Nothing is imported until first used (PEP 562), so `import tfdist.cluster`
 # or `python -m tfdist.launch` does not wait seconds for TensorFlow.
 _SUBPACKAGES = frozenset(
-    {"cluster", "collectives", "data", "errors", "launch", "layers", "mesh", "placement", "testing"}
+    {"cluster", "collectives", "data", "elastic", "errors", "launch", "layers", "mesh", "placement", "testing"}
 )
 _ATTRIBUTE_MODULES = {
     "AllReduce": "tfdist.collectives",

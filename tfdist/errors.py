@@ -18,6 +18,9 @@ Hierarchy::
      +-- CollectiveError(TfdistError, RuntimeError)  a collective failed
           +-- WorkerUnavailableError                 a peer task is lost
           +-- CollectiveTimeoutError                 a wait ran past timeout_s
+    TrainingPreempted(SystemExit)                    training stopped on a
+                                                     preemption notice, its
+                                                     state saved (exit 143)
 
 This module imports nothing from TensorFlow, so it is safe to import
 anywhere, including in processes that never start the TF runtime.
@@ -35,8 +38,15 @@ __all__ = [
     "LayoutError",
     "PlacementError",
     "TfdistError",
+    "TrainingPreempted",
     "WorkerUnavailableError",
 ]
+
+#: The exit status of a task that stopped on a preemption notice after
+#: saving its state (`TrainingPreempted`): 128 + SIGTERM, as a shell shows a
+#: process ended by SIGTERM, and in the range Kubeflow's `ExitCode` restart
+#: policy retries.
+PREEMPTED_EXIT_CODE = 143
 
 
 class TfdistError(Exception):
@@ -117,3 +127,30 @@ class WorkerUnavailableError(CollectiveError):
 
 class CollectiveTimeoutError(CollectiveError):
     """A cross-worker wait did not complete within its `timeout_s`."""
+
+
+class TrainingPreempted(SystemExit):
+    """Training stopped at a step boundary on a preemption notice, its state saved.
+
+    Raised by `tfdist.elastic.Elastic` from inside `fit` once every task has
+    committed its state. It is a `SystemExit` (not a `TfdistError`): left
+    uncaught, the process exits quietly with status `PREEMPTED_EXIT_CODE`
+    (143), which `tfdist-launch` reads as "preempted, resumable", and a
+    broad `except Exception` in user code does not swallow it.
+
+    Attributes:
+      epoch: The epoch training stopped in (0-based).
+      step: Steps of that epoch done and saved.
+    """
+
+    def __init__(self, message: str, *, epoch: int = 0, step: int = 0) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.message = message
+        self.epoch = epoch
+        self.step = step
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message,), {"epoch": self.epoch, "step": self.step})

@@ -50,6 +50,7 @@ from tfdist._internal import tf_keras_sharded
 
 __all__ = [
     "GradientIntercept",
+    "clear_fit_start",
     "KerasStep",
     "gradient_updates_intercepted",
     "gradients_scaled",
@@ -58,6 +59,7 @@ __all__ = [
     "loss_factor",
     "redirect_non_chief_checkpoints",
     "replaced_attribute",
+    "set_fit_start",
     "step_replaced",
 ]
 
@@ -159,6 +161,51 @@ def redirect_non_chief_checkpoints(strategy: Any, task_name: str) -> Callable[[]
     _NON_CHIEF[strategy] = task_name
     _CHECKPOINT_PATCH.acquire()
     return _CHECKPOINT_PATCH.release
+
+
+# --------------------------------------------------------------------------
+# Where the next `fit` starts (tfdist.elastic's resumption).
+
+
+class _TfKerasStart:
+    """What tf-keras's `fit` asks `model._training_state` for: where to start."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        self._start = (epoch, step)
+
+    def maybe_load_initial_counters_from_ckpt(
+        self, steps_per_epoch: int | None, initial_epoch: int, mode: Any = None
+    ) -> tuple[int, int]:
+        del steps_per_epoch, initial_epoch, mode
+        return self._start
+
+
+def set_fit_start(model: Any, epoch: int, step: int) -> None:
+    """Makes the `fit` under way (from `on_train_begin`) start at epoch `epoch`.
+
+    Keras 3: `model._initial_epoch`, which its `fit` reads after
+    `on_train_begin` (as its `BackupAndRestore` sets it); the epoch's batches
+    are then numbered from 0. tf-keras: `model._training_state`, whose
+    counters its `fit` reads after `on_train_begin` (as its multi-worker
+    `BackupAndRestore` sets it); it numbers the epoch's batches from `step`.
+    Undo with `clear_fit_start` when that `fit` ends.
+    """
+    if _is_tf_keras_model(model):
+        model._training_state = _TfKerasStart(epoch, step)
+    else:
+        model._initial_epoch = epoch
+
+
+def clear_fit_start(model: Any) -> None:
+    """Undoes `set_fit_start`: the next `fit` starts where its arguments say."""
+    if _is_tf_keras_model(model):
+        model._training_state = None
+    else:
+        model._initial_epoch = None
+
+
+def _is_tf_keras_model(model: Any) -> bool:
+    return type(model).__module__.startswith("tf_keras")
 
 
 # --------------------------------------------------------------------------

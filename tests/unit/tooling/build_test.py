@@ -81,6 +81,7 @@ LAYERS: dict[str, int] = {
     "multi_worker": 5,
     "placement": 5,  # Its strategy; its planner (plan, report) imports no TensorFlow.
     "mesh": 5,  # Its strategy; its mesh and layout checks (layouts) import no TensorFlow.
+    "elastic": 6,  # Preemption and resumption of fit under any strategy: data, multi_worker.
     "testing": 6,  # "may import any public API".
     "__init__": 7,
 }

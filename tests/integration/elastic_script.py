@@ -1,0 +1,163 @@
+"""The program of the elastic tests (run as a script, one per task, or alone).
+
+    python elastic_script.py MODE OUT_DIR
+
+Trains a small classifier whose first layer counts, in a variable summed
+over all replicas, how often it trained on each example (ids in feature
+column 0). The counter is no weight of the model (nothing restores it): the
+chief writes each attempt's counts to OUT_DIR/counts-<pid>.npy, so the sum
+over attempts says which examples were trained on, how often. Under TF_CONFIG
+the strategy is `tfdist.MultiWorkerMirroredStrategy`, else
+`tfdist.MirroredStrategy` on this process's CPUs. Epochs of STEPS_PER_EPOCH
+steps, a short last batch included; the input is not shuffled unless MODE
+says so. The chief writes the final weights to OUT_DIR/weights.npz.
+
+MODE:
+
+- `reference`: no callback.
+- `self_sigterm`: `tfdist.elastic.Elastic(OUT_DIR/backup)`; on its first
+  attempt (no OUT_DIR/attempted-<task> yet) the last task sends itself
+  SIGTERM after step SIGNAL_STEP of epoch SIGNAL_EPOCH.
+- `wait_for_sigterm`: Elastic; on the first attempt every task writes
+  OUT_DIR/reached-<task> after step SIGNAL_STEP of epoch SIGNAL_EPOCH and
+  then trains slowly (0.2 s a step) until it is stopped from outside.
+- `kill`: `Elastic(OUT_DIR/backup, save_freq=COMMIT_STEPS)`; on its first
+  attempt the last task kills itself (SIGKILL) after step SIGNAL_STEP of
+  epoch SIGNAL_EPOCH, past its last commit.
+- a `_shard` suffix: tfdist shuffles per epoch (`ShardOptions`).
+
+A task stopped by a notice writes OUT_DIR/preempted-<task>.json: the epoch
+and step it saved at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+
+keras = tf.keras
+NUM_EXAMPLES = 120
+GLOBAL_BATCH_SIZE = 16
+STEPS_PER_EPOCH = 8  # 7 full steps and one of 8 examples.
+EPOCHS = 3
+SIGNAL_EPOCH = 1
+SIGNAL_STEP = 2  # 0-based batch index.
+COMMIT_STEPS = 2
+NUM_FEATURES = 5
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(NUM_EXAMPLES, NUM_FEATURES)).astype("float32")
+    x[:, 0] = np.arange(NUM_EXAMPLES)
+    y = (x[:, 1] - x[:, 2] > 0).astype("int32")
+    return x, y
+
+
+class CountIds(keras.layers.Layer):
+    """Counts the ids (column 0) it trains on in `counts` (summed over replicas)."""
+
+    def build(self, input_shape):
+        # A tf.Variable, untracked: Keras 3's add_weight(aggregation="sum")
+        # adds the replicas' values, not their updates (1, 2, 4, ... under
+        # TF's MirroredStrategy too), and a weight would be restored.
+        object.__setattr__(self, "counts", tf.Variable(
+            tf.zeros([NUM_EXAMPLES]), trainable=False, name="counts",
+            aggregation=tf.VariableAggregation.SUM,
+        ))
+
+    def call(self, inputs, training=None):
+        if training:
+            ids = tf.cast(inputs[:, 0], tf.int32)
+            # A one-hot sum, not bincount: DTensor (MeshStrategy) has no rule for bincount.
+            seen = tf.reduce_sum(tf.one_hot(ids, NUM_EXAMPLES), axis=0)
+            self.counts.assign_add(seen)
+        return inputs[:, 1:]
+
+
+def build_model():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([
+        keras.Input((NUM_FEATURES,)),
+        CountIds(),
+        keras.layers.Dense(8, activation="relu"),
+        keras.layers.Dense(2),
+    ])
+    model.compile(
+        keras.optimizers.SGD(0.05, momentum=0.9),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+class _Signal(keras.callbacks.Callback):
+    """At (SIGNAL_EPOCH, SIGNAL_STEP): SIGTERM or SIGKILL to this process, or marks the point and slows down."""
+
+    def __init__(self, out_dir: str, task: str, mode: str) -> None:
+        super().__init__()
+        self._out_dir, self._task, self._mode = out_dir, task, mode
+        self._epoch = 0
+        self._reached = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._reached:
+            time.sleep(0.2)
+        elif self._epoch == SIGNAL_EPOCH and batch == SIGNAL_STEP:
+            self._reached = True
+            if self._mode == "wait_for_sigterm":
+                open(os.path.join(self._out_dir, f"reached-{self._task}"), "w").close()
+            else:
+                os.kill(os.getpid(), signal.SIGKILL if self._mode == "kill" else signal.SIGTERM)
+
+
+def main(mode: str, out_dir: str) -> None:
+    shard = mode.endswith("_shard")
+    mode = mode.removesuffix("_shard")
+    options = tfdist.data.ShardOptions(seed=7, shuffle=True) if shard else None
+    if "TF_CONFIG" in os.environ:
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=30, shard_options=options)
+        task = strategy.cluster_config.task.name
+        tasks = [t.name for t in strategy.cluster_config.cluster.tasks()]
+    else:
+        strategy = tfdist.MirroredStrategy(shard_options=options)
+        task, tasks = "worker:0", ["worker:0"]
+    attempted = os.path.join(out_dir, f"attempted-{task.replace(':', '-')}")
+    first_attempt = not os.path.exists(attempted)
+    open(attempted, "a").close()
+    callbacks = []
+    if mode != "reference":
+        save_freq = COMMIT_STEPS if mode == "kill" else None
+        callbacks.append(tfdist.elastic.Elastic(os.path.join(out_dir, "backup"), save_freq=save_freq))
+        if first_attempt and (mode == "wait_for_sigterm" or task == tasks[-1]):
+            callbacks.append(_Signal(out_dir, task, mode))
+    with strategy.scope():
+        model = build_model()
+    x, y = data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE)
+    is_chief = strategy.extended.should_checkpoint
+    try:
+        model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    except tfdist.errors.TrainingPreempted as e:
+        with open(os.path.join(out_dir, f"preempted-{task.replace(':', '-')}.json"), "w") as f:
+            json.dump({"epoch": e.epoch, "step": e.step}, f)
+        raise
+    finally:
+        if is_chief:
+            np.save(os.path.join(out_dir, f"counts-{os.getpid()}.npy"), model.layers[0].counts.numpy())
+    if is_chief:
+        np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

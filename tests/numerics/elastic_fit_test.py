@@ -1,0 +1,130 @@
+"""tfdist.elastic.Elastic in one process: a fit stopped at a step and resumed equals one uninterrupted fit.
+
+Each case trains the elastic tests' counting classifier
+(tests/integration/elastic_script.py: 120 examples, 8 steps an epoch with a
+short last one, SGD with momentum) for 3 epochs without a callback, then
+again with `Elastic` and a preemption notice after step SIGNAL_STEP + 1 of
+epoch SIGNAL_EPOCH: `fit` raises `TrainingPreempted` (exit status 143) at a
+step of that epoch. A new model resumes from the backup. The resumed model
+equals the uninterrupted one (same arithmetic: bit for bit), and the
+examples counted over both fits are each trained on once per epoch.
+
+Strategies that run in one process: MirroredStrategy (plain input, and
+tfdist's own per-epoch shuffle), LayerPlacementStrategy and (Keras 3)
+MeshStrategy. Runs under Keras 3 and, with TF_USE_LEGACY_KERAS=1, tf-keras.
+Across processes and workers: tests/integration/elastic_test.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl.testing import parameterized
+
+import tfdist
+from tests.front_end import KERAS_3
+from tests.integration import elastic_script as job
+
+pytestmark = pytest.mark.model
+keras = tf.keras
+
+
+def _strategy(name, shard):
+    options = tfdist.data.ShardOptions(seed=7, shuffle=True) if shard else None
+    if name == "mirrored":
+        return tfdist.MirroredStrategy(["/cpu:0", "/cpu:1"], shard_options=options)
+    if name == "layer_placement":
+        return tfdist.LayerPlacementStrategy(devices=["/cpu:0", "/cpu:1"])
+    return tfdist.MeshStrategy({"batch": 2, "model": 2})
+
+
+class _NoticeAt(keras.callbacks.Callback):
+    """A preemption notice after batch SIGNAL_STEP of epoch SIGNAL_EPOCH: SIGTERM, or `request_preemption`."""
+
+    def __init__(self, elastic, sigterm):
+        super().__init__()
+        self._elastic, self._sigterm = elastic, sigterm
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self._epoch, batch) == (job.SIGNAL_EPOCH, job.SIGNAL_STEP):
+            if self._sigterm:
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                self._elastic.request_preemption()
+
+
+def _fit(strategy, callbacks=()):
+    with strategy.scope():
+        model = job.build_model()
+    x, y = job.data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(job.GLOBAL_BATCH_SIZE)
+    try:
+        model.fit(dataset, epochs=job.EPOCHS, verbose=0, callbacks=list(callbacks))
+        preempted = None
+    except tfdist.errors.TrainingPreempted as e:
+        preempted = e
+    return model, preempted
+
+
+class ElasticFitTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(
+        dict(testcase_name="mirrored", strategy="mirrored", shard=False, sigterm=False),
+        dict(testcase_name="mirrored_sigterm", strategy="mirrored", shard=False, sigterm=True),
+        dict(testcase_name="mirrored_tfdist_shuffle", strategy="mirrored", shard=True, sigterm=False),
+        dict(testcase_name="layer_placement", strategy="layer_placement", shard=False, sigterm=False),
+        dict(testcase_name="mesh", strategy="mesh", shard=False, sigterm=False),
+    )
+    def test_stopped_and_resumed_equals_uninterrupted(self, strategy, shard, sigterm):
+        if strategy == "mesh" and not KERAS_3:
+            self.skipTest("MeshStrategy trains Keras 3 models only (DTensor layouts of Keras 3's DeviceMesh).")
+        reference, _ = _fit(_strategy(strategy, shard))
+        backup = os.path.join(self.create_tempdir().full_path, "backup")
+
+        elastic = tfdist.elastic.Elastic(backup, save_freq=None)
+        stopped, preempted = _fit(_strategy(strategy, shard), [elastic, _NoticeAt(elastic, sigterm)])
+        self.assertIsNotNone(preempted, "fit ran to its end despite the notice")
+        self.assertEqual(preempted.code, tfdist.errors.PREEMPTED_EXIT_CODE)
+        # The first step end after the notice, not the epoch's end.
+        self.assertEqual((preempted.epoch, preempted.step), (job.SIGNAL_EPOCH, job.SIGNAL_STEP + 2))
+        self.assertTrue(os.path.isdir(backup))
+
+        resumed, preempted_again = _fit(_strategy(strategy, shard), [tfdist.elastic.Elastic(backup)])
+        self.assertIsNone(preempted_again)
+        for a, b in zip(reference.get_weights(), resumed.get_weights()):
+            self.assertAllEqual(a, b)
+        counts = stopped.layers[0].counts.numpy() + resumed.layers[0].counts.numpy()
+        self.assertAllEqual(counts, np.full(job.NUM_EXAMPLES, job.EPOCHS))
+        self.assertFalse(os.path.exists(backup))  # Deleted once the fit completed.
+
+
+class ElasticArgumentsTest(tf.test.TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(
+        dict(testcase_name="save_freq_zero", kwargs={"save_freq": 0}, pattern="save_freq=0"),
+        dict(testcase_name="save_freq_word", kwargs={"save_freq": "batch"}, pattern="save_freq='batch'"),
+        dict(testcase_name="empty_backup_dir", kwargs={"backup_dir": ""}, pattern="backup_dir=''"),
+    )
+    def test_bad_arguments_raise_config_error_naming_them(self, kwargs, pattern):
+        kwargs = {"backup_dir": "/tmp/backup", **kwargs}
+        with self.assertRaisesRegex(tfdist.errors.ConfigError, pattern):
+            tfdist.elastic.Elastic(**kwargs)
+
+    def test_resuming_mid_epoch_under_a_strategy_without_tfdist_input_raises_config_error(self):
+        backup = os.path.join(self.create_tempdir().full_path, "backup")
+        elastic = tfdist.elastic.Elastic(backup, save_freq=None)
+        _, preempted = _fit(_strategy("mirrored", False), [elastic, _NoticeAt(elastic, False)])
+        self.assertIsNotNone(preempted)
+        with self.assertRaisesRegex(
+            tfdist.errors.ConfigError, r"did not start there.*MirroredStrategy.*tfdist strategy"
+        ):
+            _fit(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), [tfdist.elastic.Elastic(backup)])
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()

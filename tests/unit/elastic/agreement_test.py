@@ -1,0 +1,98 @@
+"""ClusterAgreement: every task stops at the same step, wherever the notice lands.
+
+The tasks run in lockstep here as a synchronous job's do (no task completes
+step t + 1 before every task has finished step t), on a dict standing in for
+TF's coordination service; the real service is used in
+tests/integration/elastic_test.py.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import tensorflow as tf
+from absl.testing import parameterized
+
+from tfdist.elastic import agreement as agreement_lib
+
+
+class _Store:
+    """The coordination service's key-value calls, on a dict."""
+
+    def __init__(self):
+        self.values = {}
+
+    def set_key(self, key, value):
+        if key in self.values:
+            raise tf.errors.AlreadyExistsError(None, None, f"{key} exists")
+        self.values[key] = value
+
+    def get_key(self, key, *, timeout_s):
+        del timeout_s
+        return self.values.get(key)
+
+
+def _run(tasks, notices, *, watch_delays, steps=40):
+    """Steps every task in lockstep; returns the step each stopped after.
+
+    notices: task -> the step after which it receives SIGTERM.
+    watch_delays: task -> how many steps its watcher lags behind the key.
+    """
+    store = _Store()
+    with mock.patch.object(agreement_lib, "coordination", store):
+        agreements = {t: agreement_lib.ClusterAgreement(t, tasks) for t in tasks}
+        announced_at = None
+        stopped = {}
+        for step in range(1, steps + 1):
+            for task in tasks:  # Each finishes its step `step`, in turn.
+                if task in stopped:
+                    continue
+                if announced_at is not None and step - announced_at >= watch_delays[task]:
+                    agreements[task].check_for_notice()
+                requested = step >= notices.get(task, steps + 1)
+                if agreements[task].should_stop(step, requested):
+                    stopped[task] = step
+                if announced_at is None and agreement_lib._STOP_KEY in store.values:
+                    announced_at = step
+            if stopped:
+                # A task that stopped leaves the others unable to finish
+                # the next step: all must have stopped at this one.
+                return stopped
+    return stopped
+
+
+class ClusterAgreementTest(tf.test.TestCase, parameterized.TestCase):
+    TASKS = ("worker:0", "worker:1", "worker:2")
+
+    @parameterized.named_parameters(
+        dict(testcase_name="one_task_notified", notices={"worker:2": 5}, delays=(0, 0, 0)),
+        dict(testcase_name="slow_watchers", notices={"worker:0": 5}, delays=(0, 3, 7)),
+        dict(testcase_name="every_task_notified_apart", notices={"worker:0": 9, "worker:1": 5, "worker:2": 12}, delays=(2, 2, 2)),
+        dict(testcase_name="first_task_notified_last_watches_at_once", notices={"worker:1": 3}, delays=(4, 0, 0)),
+    )
+    def test_every_task_stops_after_the_same_step(self, notices, delays):
+        stopped = _run(self.TASKS, notices, watch_delays=dict(zip(self.TASKS, delays)))
+        self.assertLen(stopped, len(self.TASKS))
+        self.assertLen(set(stopped.values()), 1, stopped)
+        self.assertGreaterEqual(min(stopped.values()), min(notices.values()))
+
+    def test_without_a_notice_no_task_stops(self):
+        self.assertEqual(_run(self.TASKS, {}, watch_delays=dict.fromkeys(self.TASKS, 0)), {})
+
+    def test_a_task_that_never_sees_the_notice_keeps_the_others_training(self):
+        # Its report is missing, so no stop step is fixed and nobody stops
+        # alone (which would leave the others in a collective forever).
+        tasks = ("worker:0", "worker:1")
+        stopped = _run(tasks, {"worker:0": 2}, watch_delays={"worker:0": 0, "worker:1": 10**6})
+        self.assertEqual(stopped, {})
+
+
+class LocalAgreementTest(tf.test.TestCase):
+    def test_stops_at_the_first_step_end_after_the_notice(self):
+        agreement = agreement_lib.LocalAgreement()
+        self.assertFalse(agreement.should_stop(3, False))
+        self.assertTrue(agreement.should_stop(4, True))
+
+
+if __name__ == "__main__":
+    tf.test.main()

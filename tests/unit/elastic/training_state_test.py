@@ -1,0 +1,81 @@
+"""TrainingState: commits are atomic, restores fill the optimizer too, only the writer writes."""
+
+from __future__ import annotations
+
+import os
+from unittest import mock
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.elastic import training_state
+
+pytestmark = [pytest.mark.model]
+
+
+def _trained_model():
+    model = tfdist.testing.small_classifier(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 8)).astype("float32")
+    y = rng.integers(0, 3, 32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    return model
+
+
+def _optimizer_values(model):
+    return [np.array(v) for v in model.optimizer.variables]
+
+
+class TrainingStateTest(tf.test.TestCase):
+    def test_restore_fills_a_fresh_model_and_its_unbuilt_optimizer(self):
+        backup = self.create_tempdir().full_path
+        trained = _trained_model()
+        position = training_state.Position(epoch=2, step=3, data_epoch=4, steps_done=19)
+        training_state.TrainingState(trained, backup, is_writer=True).commit(position)
+
+        fresh = tfdist.testing.small_classifier(tf.keras.optimizers.SGD(0.1, momentum=0.9), seed=5)
+        restored = training_state.TrainingState(fresh, backup, is_writer=True).restore()
+
+        self.assertEqual(restored, position)
+        for a, b in zip(trained.get_weights(), fresh.get_weights()):
+            self.assertAllEqual(a, b)
+        for a, b in zip(_optimizer_values(trained), _optimizer_values(fresh)):
+            self.assertAllEqual(a, b)  # Iterations and momentums.
+
+    def test_nothing_committed_restores_nothing(self):
+        state = training_state.TrainingState(
+            _trained_model(), self.create_tempdir().full_path, is_writer=True
+        )
+        self.assertIsNone(state.restore())
+        self.assertIsNone(state.latest_directory())
+
+    def test_a_commit_that_fails_leaves_the_previous_state_latest(self):
+        backup = self.create_tempdir().full_path
+        model = _trained_model()
+        state = training_state.TrainingState(model, backup, is_writer=True)
+        state.commit(training_state.Position(epoch=1, step=0))
+        with mock.patch.object(training_state.json, "dump", side_effect=OSError("disk full")):
+            with self.assertRaisesRegex(OSError, "disk full"):
+                state.commit(training_state.Position(epoch=1, step=5))
+        self.assertEqual(state.restore(), training_state.Position(epoch=1, step=0))
+
+    def test_a_later_commit_replaces_the_earlier_one(self):
+        backup = self.create_tempdir().full_path
+        state = training_state.TrainingState(_trained_model(), backup, is_writer=True)
+        state.commit(training_state.Position(epoch=0, step=2))
+        state.commit(training_state.Position(epoch=0, step=4))
+        self.assertEqual(state.restore(), training_state.Position(epoch=0, step=4))
+        self.assertLen([n for n in os.listdir(backup) if n.startswith("state-")], 1)
+
+    def test_a_non_writer_leaves_the_backup_dir_alone(self):
+        backup = os.path.join(self.create_tempdir().full_path, "backup")
+        state = training_state.TrainingState(_trained_model(), backup, is_writer=False)
+        state.commit(training_state.Position(epoch=0, step=2))
+        self.assertFalse(os.path.exists(backup))
+        state.delete()
+
+
+if __name__ == "__main__":
+    tf.test.main()

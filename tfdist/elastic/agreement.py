@@ -1,0 +1,136 @@
+"""At which step every task stops after a preemption notice, without a collective per step.
+
+    agreement = ClusterAgreement("worker:0", ["worker:0", "worker:1"], timeout_s=300)
+    agreement.start()
+    ...  # each step end, on the training thread:
+    if agreement.should_stop(steps_done, notice.requested): save(); stop()
+    agreement.stop()
+
+A notice (SIGTERM) may reach one task or all, at different steps. Stopping
+where each task sees it would leave some tasks inside a collective that
+the others never join. The tasks agree through TF's coordination service
+(the key-value store tfdist's multi-worker strategy configures), and the
+training thread only reads local flags until a notice exists, so steady
+state costs nothing (no extra collective).
+
+Protocol (keys under `tfdist/elastic/`):
+
+1. A task that receives the notice sets `stop` (the first writer wins). A
+   watcher thread in every task waits on that key and raises a local flag.
+2. At its first step end with a flag raised, a task publishes `at/<task>`:
+   the training steps it has completed (`steps_done`), then trains on.
+3. Once every task has published, the stop step is S = max(at) + 1, and
+   each task stops at its first step end with `steps_done >= S`.
+
+Why every task stops at S exactly: a task cannot complete step t + 1 unless
+every other task has started it, that is, has finished its step end t
+(where it publishes if it saw the flag). The last task to publish, at step
+r <= max(at), did so before starting step r + 1, so every task sees all
+reports at the end of step r + 1 <= S at the latest; and no task passes S
+without having seen them. Steps are counted from the start of `fit`, the
+same on every task.
+
+`LocalAgreement` is the one-process case: stop at the next step end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tfdist._internal import coordination
+
+__all__ = ["ClusterAgreement", "LocalAgreement"]
+
+_STOP_KEY = "tfdist/elastic/stop"
+_AT_KEY = "tfdist/elastic/at/{task}"
+#: How often the watcher reads the stop key. A read does not wait: TF's
+#: blocking read holds the interpreter lock while it waits.
+_POLL_S = 0.25
+
+
+class LocalAgreement:
+    """One process: stop at the first step end after the notice."""
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def should_stop(self, steps_done: int, requested_here: bool) -> bool:
+        """Whether to stop now, after `steps_done` steps."""
+        del steps_done
+        return requested_here
+
+
+class ClusterAgreement:
+    """The tasks of a multi-worker job agree on one stop step (see module).
+
+    Contract: every training task of the job builds one with the same
+    `tasks`, calls `start` before its first step and `should_stop` at every
+    step end with the same count on every task, from the training thread;
+    `stop` ends the watcher (idempotent). Requires TF's coordination service
+    (tfdist's `MultiWorkerMirroredStrategy` configures it).
+
+    Args:
+      task: This task's name, "worker:1".
+      tasks: Every training task's name.
+    """
+
+    def __init__(self, task: str, tasks: Sequence[str]) -> None:
+        self._task = task
+        self._tasks = tuple(tasks)
+        self._remote = threading.Event()
+        self._ended = threading.Event()
+        self._announced = False
+        self._published = False
+        self._reports: dict[str, int] = {}
+        self.stop_step: int | None = None
+        self._watcher = threading.Thread(
+            target=self._watch, name="tfdist-elastic-watcher", daemon=True
+        )
+
+    def start(self) -> None:
+        """Starts the watcher thread."""
+        self._watcher.start()
+
+    def stop(self) -> None:
+        """Ends the watcher thread (within about a second)."""
+        self._ended.set()
+
+    def should_stop(self, steps_done: int, requested_here: bool) -> bool:
+        """Whether this task stops now, having completed `steps_done` steps."""
+        if requested_here and not self._announced:
+            self._announced = True
+            try:
+                coordination.set_key(_STOP_KEY, self._task)
+            except tf.errors.AlreadyExistsError:
+                pass  # Another task announced first.
+        if not (requested_here or self._remote.is_set()):
+            return False
+        if not self._published:
+            self._published = True
+            coordination.set_key(_AT_KEY.format(task=self._task), str(steps_done))
+        if self.stop_step is None:
+            for task in self._tasks:
+                if task not in self._reports:
+                    value = coordination.get_key(_AT_KEY.format(task=task), timeout_s=0.01)
+                    if value is None:
+                        return False
+                    self._reports[task] = int(value)
+            self.stop_step = max(self._reports.values()) + 1
+        return steps_done >= self.stop_step
+
+    def check_for_notice(self) -> bool:
+        """Reads the stop key once (what the watcher does); True once a task has announced."""
+        if not self._remote.is_set() and coordination.get_key(_STOP_KEY, timeout_s=0.001) is not None:
+            self._remote.set()
+        return self._remote.is_set()
+
+    def _watch(self) -> None:
+        while not self._ended.wait(_POLL_S):
+            if self.check_for_notice():
+                return

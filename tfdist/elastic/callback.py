@@ -1,0 +1,313 @@
+"""`Elastic`: the Keras callback that saves on preemption and resumes at the step.
+
+    strategy = tfdist.MultiWorkerMirroredStrategy()   # or any tfdist strategy
+    with strategy.scope():
+        model = build_model(); model.compile(...)
+    model.fit(dataset, epochs=10, callbacks=[tfdist.elastic.Elastic(backup_dir)])
+
+What one `fit` does with it (every task of the job alike):
+
+1. `on_train_begin`: if `backup_dir` holds a committed state, load it into
+   the model and its optimizer and start at its position: Keras's epoch,
+   and inside it the step, by having the input's next pass start there
+   (`tfdist.data.distributed.resume`). Install the SIGTERM handler.
+2. Every step end: commit every `save_freq` steps if asked; on a notice
+   (SIGTERM to any task), stop at the step every task agrees on
+   (`agreement`), commit there and raise `errors.TrainingPreempted`, which
+   exits the process with status 143. A stop that falls on an epoch's
+   last step waits for the epoch's end (validation and other callbacks
+   run first).
+3. Every epoch end: commit (with `save_freq="epoch"`).
+4. `on_train_end`: remove the SIGTERM handler; delete the backup (unless
+   `delete_on_completion=False`), as Keras's `BackupAndRestore` does.
+
+Exactly once. Each global batch of a tfdist distributed dataset is cut over
+all replicas of all workers, so a step's examples are the same whatever
+the number of workers: skipping the k steps already trained leaves the rest
+of the epoch, re-partitioned over the workers there are now. That is exact
+when a pass of the input yields the same batches every time (no shuffle,
+or `reshuffle_each_iteration=False`) or when tfdist shuffles
+(`ShardOptions`, whose epoch e is a function of the seed and e). A pipeline
+that reshuffles on its own draws a new order for the resumed epoch: its
+remaining steps are then not the rest of the interrupted epoch's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import typing
+import warnings
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tfdist import errors
+from tfdist._internal import keras_compat
+from tfdist.data.distributed import resume
+from tfdist.elastic import agreement as agreement_lib
+from tfdist.elastic import notice as notice_lib
+from tfdist.elastic import training_state
+
+__all__ = ["Elastic"]
+
+#: Keras 3's warning when a pass ends before the steps it expected, which a
+#: resumed epoch does by design.
+_RAN_OUT = "Your input ran out of data"
+
+
+class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
+    """Saves at a step on preemption (SIGTERM) and resumes from that step.
+
+    Pass it to `fit` of a model built under a tfdist strategy, on every
+    task, with the same arguments; run the script under a launcher that
+    restarts it (`tfdist-launch --restarts K`, Kubernetes, Slurm). See the
+    module docstring for what each callback hook does.
+
+    Contract:
+      - `backup_dir` is readable by every task and written by the chief
+        only (the `chief` task, else `worker:0`; the only process of a
+        one-process strategy).
+      - Resuming mid-epoch needs the training input to be a dataset (or
+        arrays) given to `fit` under a tfdist strategy, which starts its
+        pass at the saved step; otherwise `fit` raises `ConfigError` at
+        its first step.
+      - The model must be built again the same way (same layers, same
+        optimizer) before `fit` resumes it. The number of workers may
+        differ: the global batch is the dataset's, whatever the workers.
+      - Keras numbers the resumed epoch's batches from 0 and ends it after
+        the steps left (Keras 3; tf-keras numbers them from the saved
+        step). Callbacks see the epoch's end as usual.
+
+    Args:
+      backup_dir: Directory of the committed state.
+      save_freq: "epoch" (commit at every epoch end), a positive int (also
+        commit every that many steps: what a crash, which sends no notice,
+        loses at most), or None (commit only on a notice).
+      delete_on_completion: Whether a `fit` that runs to its end deletes
+        `backup_dir`, so that running the script again trains anew.
+
+    Raises:
+      ConfigError: If `save_freq` is invalid (at construction), or at
+        `fit`'s first step if a resume point was not taken by the input.
+      TrainingPreempted: From `fit`, once every task has committed after a
+        notice; uncaught, the process exits 143.
+    """
+
+    def __init__(
+        self,
+        backup_dir: str | os.PathLike[str],
+        *,
+        save_freq: str | int | None = "epoch",
+        delete_on_completion: bool = True,
+    ) -> None:
+        super().__init__()
+        if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
+            raise errors.ConfigError(
+                f"backup_dir must be a non-empty path; received "
+                f"backup_dir={backup_dir!r}. Pass a directory every task can "
+                "read, e.g. backup_dir='/shared/job-1/backup'."
+            )
+        if not (
+            save_freq in ("epoch", None)
+            or (isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq > 0)
+        ):
+            raise errors.ConfigError(
+                f"save_freq must be 'epoch', a positive number of steps or None; "
+                f"received save_freq={save_freq!r}. Pass save_freq='epoch' to "
+                "commit at each epoch end, or e.g. save_freq=100."
+            )
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self.delete_on_completion = bool(delete_on_completion)
+        self._notice = notice_lib.PreemptionNotice()
+        self._state: training_state.TrainingState | None = None
+        self._agreement: agreement_lib.LocalAgreement | agreement_lib.ClusterAgreement = (
+            agreement_lib.LocalAgreement()
+        )
+        self._epoch = 0
+        self._step_offset = 0
+        self._steps_in_epoch = 0
+        self._steps_done = 0
+        self._since_commit = 0
+        self._data_epoch: int | None = None
+        self._resume_armed = False
+        self._stop_at_epoch_end = False
+        self._ran_out_filter: tuple[Any, ...] | None = None
+
+    @property
+    def preemption_requested(self) -> bool:
+        """Whether this task has received a notice (SIGTERM or `request_preemption`)."""
+        return self._notice.requested
+
+    def request_preemption(self) -> None:
+        """Acts as if this task received SIGTERM (any thread)."""
+        self._notice.request()
+
+    # Keras hooks.
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        del logs
+        strategy = self.model.distribute_strategy
+        is_writer = bool(getattr(strategy.extended, "should_checkpoint", True))
+        self._state = training_state.TrainingState(
+            self.model, self.backup_dir, is_writer=is_writer
+        )
+        self._agreement = _agreement_for(strategy)
+        started = time.monotonic()
+        position = self._state.restore()
+        if position is not None:
+            self._resume(position, time.monotonic() - started)
+        self._notice.install()
+        self._agreement.start()
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        del logs
+        if self._steps_in_epoch == 0:  # The epoch's pass has begun.
+            if self._resume_armed:
+                self._resume_armed = False
+                if resume.disarm():
+                    raise errors.ConfigError(
+                        "Elastic restored a state saved after step "
+                        f"{self._step_offset} of epoch {self._epoch}, but the "
+                        "training input did not start there: resuming mid-epoch "
+                        "needs a dataset or arrays given to fit under a tfdist "
+                        f"strategy; the model trains under "
+                        f"{type(self.model.distribute_strategy).__name__}. Build "
+                        "the model under a tfdist strategy (tfdist.MirroredStrategy() "
+                        "for one machine), or delete the backup in "
+                        f"{self.backup_dir!r} to start over."
+                    )
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        del logs
+        done = self._step_offset + batch + 1 if self._keras3 else batch + 1
+        if self._steps_in_epoch == 0:  # The epoch's pass has produced.
+            self._data_epoch = resume.last_epoch()
+        self._since_commit += done - self._steps_in_epoch
+        self._steps_in_epoch = done
+        self._steps_done += 1
+        if isinstance(self.save_freq, int) and self._since_commit >= self.save_freq:
+            self._commit(self._epoch, done)
+        if self._stop_at_epoch_end or not self._agreement.should_stop(
+            self._steps_done, self._notice.requested
+        ):
+            return
+        if done == self.params.get("steps"):
+            self._stop_at_epoch_end = True  # After validation and epoch-end callbacks.
+            return
+        self._commit(self._epoch, done)
+        self._preempted(self._epoch, done)
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        del logs
+        self._epoch = epoch
+        self._steps_in_epoch = 0
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        del logs
+        self._step_offset = 0
+        self._steps_in_epoch = 0
+        self._allow_ran_out_warning()
+        if self._data_epoch is not None:
+            self._data_epoch += 1
+        if self.save_freq == "epoch" or self._stop_at_epoch_end:
+            self._commit(epoch + 1, 0)
+        if self._stop_at_epoch_end:
+            self._preempted(epoch + 1, 0)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        del logs
+        self._finish()
+        if self.delete_on_completion and self._state is not None:
+            self._state.delete()
+
+    # Internals.
+
+    @property
+    def _keras3(self) -> bool:
+        return not type(self.model).__module__.startswith("tf_keras")
+
+    def _resume(self, position: training_state.Position, took_s: float) -> None:
+        self._epoch = position.epoch
+        self._steps_done = position.steps_done
+        keras_compat.set_fit_start(self.model, position.epoch, position.step)
+        if position.step:
+            self._step_offset = position.step if self._keras3 else 0
+            self._steps_in_epoch = 0
+            data_epoch = position.epoch if position.data_epoch is None else position.data_epoch
+            resume.arm(resume.ResumePoint(epoch=data_epoch, step=position.step))
+            self._resume_armed = True
+            if self._keras3:
+                self._silence_ran_out_warning()
+        logging.info(
+            "tfdist.elastic: resumed from %s in %.2f s: epoch %d, step %d.",
+            self._state.latest_directory() if self._state else self.backup_dir,
+            took_s,
+            position.epoch,
+            position.step,
+        )
+
+    def _commit(self, epoch: int, step: int) -> None:
+        assert self._state is not None
+        # At an epoch end (step 0), on_epoch_end has already moved
+        # `_data_epoch` on to the next pass.
+        self._state.commit(
+            training_state.Position(
+                epoch=epoch, step=step, data_epoch=self._data_epoch, steps_done=self._steps_done
+            )
+        )
+        self._since_commit = 0
+
+    def _preempted(self, epoch: int, step: int) -> None:
+        self._finish()
+        notice_s = self._notice.received_at
+        since = f" {time.monotonic() - notice_s:.1f} s after the notice" if notice_s else ""
+        message = (
+            f"tfdist.elastic: preempted: saved epoch {epoch}, step {step} in "
+            f"{self.backup_dir!r}{since}; run the job again to resume there."
+        )
+        logging.warning(message)
+        raise errors.TrainingPreempted(message, epoch=epoch, step=step)
+
+    def _finish(self) -> None:
+        keras_compat.clear_fit_start(self.model)  # `_resume`'s, for this fit only.
+        self._notice.uninstall()
+        self._agreement.stop()
+        self._allow_ran_out_warning()
+        if self._resume_armed:
+            self._resume_armed = False
+            resume.disarm()
+
+    def _silence_ran_out_warning(self) -> None:
+        warnings.filterwarnings("ignore", message=re.escape(_RAN_OUT))
+        self._ran_out_filter = warnings.filters[0]
+
+    def _allow_ran_out_warning(self) -> None:
+        if self._ran_out_filter is not None:
+            try:
+                typing.cast(list, warnings.filters).remove(self._ran_out_filter)
+            except ValueError:
+                pass
+            self._ran_out_filter = None
+
+
+def _agreement_for(strategy: Any) -> Any:
+    """A `ClusterAgreement` for tfdist's multi-worker strategy on several tasks; else local.
+
+    A parameter-server job's chief is the only task that runs `fit`, so it
+    agrees with itself.
+    """
+    from tfdist.multi_worker import strategy as multi_worker  # Imports TF's strategies.
+
+    if not isinstance(strategy, multi_worker.MultiWorkerMirroredStrategy):
+        return agreement_lib.LocalAgreement()
+    cluster, task = strategy.cluster_config.cluster, strategy.cluster_config.task
+    if cluster is None or task is None:
+        return agreement_lib.LocalAgreement()
+    tasks = [t.name for t in cluster.tasks() if t.task_type in ("chief", "worker")]
+    if len(tasks) < 2 or task.task_type not in ("chief", "worker"):
+        return agreement_lib.LocalAgreement()
+    return agreement_lib.ClusterAgreement(task.name, tasks)

@@ -1,0 +1,162 @@
+"""The training state `tfdist.elastic` commits and restores: weights, optimizer, position.
+
+    state = TrainingState(model, "/shared/backup", is_writer=True)
+    state.commit(Position(epoch=2, step=40, data_epoch=3))   # after a step
+    state.restore()          # Position(...) in a new process, or None
+
+Layout of `backup_dir` (the writer's; every task reads it)::
+
+    backup_dir/latest                  "state-7": the committed state
+    backup_dir/state-7/position.json   where training was
+    backup_dir/state-7/checkpoint.*    tf.train.Checkpoint of the weights
+                                       and the optimizer
+
+A commit writes a new `state-<n>` directory, then replaces `latest` in one
+rename, then deletes older states: a task killed in the middle of a commit
+leaves the previous state committed. Only the writer (the chief) keeps
+files; every other task writes the same checkpoint into a temporary
+directory that is deleted at once, so that any collective a save runs
+(reading a variable synchronized on read) is run by every task alike.
+
+The checkpoint holds `model.weights` (trainable and not) and the optimizer
+(its iterations and slots), not metrics, so it restores into the same
+model built again, under any strategy and any number of workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["Position", "TrainingState"]
+
+_LATEST = "latest"
+_POSITION = "position.json"
+_CHECKPOINT = "checkpoint"
+_STATE_DIR = re.compile(r"state-(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where training was when its state was committed.
+
+    Attributes:
+      epoch: Keras's epoch (0-based) training resumes in.
+      step: Steps of `epoch` already trained (0: the epoch's start).
+      data_epoch: The sharder's epoch of `epoch`'s pass when tfdist shards
+        the input (`ShardOptions`), else None.
+      steps_done: Training steps since the start of the job, all epochs.
+    """
+
+    epoch: int
+    step: int
+    data_epoch: int | None = None
+    steps_done: int = 0
+
+
+class TrainingState:
+    """Commits and restores one model's training state in `backup_dir`.
+
+    Contract: every training task builds one for the same model and calls
+    `commit` at the same steps (commits may run collectives); `restore`
+    before training, after the model and its optimizer are built. Only
+    the task with `is_writer` writes `backup_dir`, which every task must
+    be able to read (a shared filesystem across machines).
+
+    Args:
+      model: A compiled Keras model (Keras 3 or tf-keras).
+      backup_dir: Directory of the committed state; created if missing.
+      is_writer: Whether this task's commits are kept (the chief).
+    """
+
+    def __init__(self, model: Any, backup_dir: str, *, is_writer: bool) -> None:
+        self._backup_dir = backup_dir
+        self._is_writer = is_writer
+        self._model = model
+        self._checkpoint = tf.train.Checkpoint(
+            weights=list(model.weights), optimizer=model.optimizer
+        )
+
+    def commit(self, position: Position) -> None:
+        """Saves the model, its optimizer and `position` as the latest state.
+
+        Blocks until written. After an error, the previously committed
+        state is still the latest.
+        """
+        if not self._is_writer:
+            scratch = tempfile.mkdtemp(prefix="tfdist-elastic-")
+            try:
+                self._checkpoint.write(os.path.join(scratch, _CHECKPOINT))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            return
+        os.makedirs(self._backup_dir, exist_ok=True)
+        states = self._states()
+        name = f"state-{max(states, default=0) + 1}"
+        directory = os.path.join(self._backup_dir, name)
+        self._checkpoint.write(os.path.join(directory, _CHECKPOINT))
+        with open(os.path.join(directory, _POSITION), "w") as f:
+            json.dump(dataclasses.asdict(position), f)
+        pending = os.path.join(self._backup_dir, f".{_LATEST}-{os.getpid()}")
+        with open(pending, "w") as f:
+            f.write(name)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(pending, os.path.join(self._backup_dir, _LATEST))
+        for number in states:
+            shutil.rmtree(
+                os.path.join(self._backup_dir, f"state-{number}"), ignore_errors=True
+            )
+
+    def restore(self) -> Position | None:
+        """Loads the latest committed state into the model; its position, or None if none."""
+        directory = self.latest_directory()
+        if directory is None:
+            return None
+        _build_optimizer(self._model)
+        self._checkpoint.read(os.path.join(directory, _CHECKPOINT)).assert_existing_objects_matched()
+        with open(os.path.join(directory, _POSITION)) as f:
+            return Position(**json.load(f))
+
+    def latest_directory(self) -> str | None:
+        """The committed state's directory, or None if nothing is committed."""
+        try:
+            with open(os.path.join(self._backup_dir, _LATEST)) as f:
+                name = f.read().strip()
+        except FileNotFoundError:
+            return None
+        return os.path.join(self._backup_dir, name)
+
+    def delete(self) -> None:
+        """Removes every committed state (the writer only; others do nothing)."""
+        if self._is_writer:
+            shutil.rmtree(self._backup_dir, ignore_errors=True)
+
+    def _states(self) -> list[int]:
+        try:
+            names = os.listdir(self._backup_dir)
+        except FileNotFoundError:
+            return []
+        return [int(m.group(1)) for n in names if (m := _STATE_DIR.fullmatch(n))]
+
+
+def _build_optimizer(model: Any) -> None:
+    """Creates the optimizer's variables now, so that a restore fills them.
+
+    tf-keras creates them in the first training step (inside a
+    `tf.function`), too late for the values read before it; Keras 3 has
+    usually built them already (`fit` builds before the callbacks start).
+    """
+    optimizer = model.optimizer
+    # Keras 3 says `built`, tf-keras `_built`.
+    if getattr(optimizer, "built", False) or getattr(optimizer, "_built", False):
+        return
+    with model.distribute_strategy.scope():
+        optimizer.build(model.trainable_variables)
