@@ -29,6 +29,7 @@ from tfdist import errors
 from tfdist.cluster import spec
 from tfdist.launch import hosts as hosts_lib
 from tfdist.launch import job
+from tfdist.launch import membership
 from tfdist.launch import restart
 from tfdist.launch import supervisor
 from tfdist.launch import tfjob
@@ -41,10 +42,10 @@ __all__ = ["run_cli"]
 _PROG = "tfdist-launch"
 _EXIT_USAGE = 2
 _USAGE = f"""\
-{_PROG} --workers N [--ps M] [--chief] [--evaluator]
+{_PROG} --workers N|MIN:MAX [--ps M] [--chief] [--evaluator]
                      [--restarts K] [--worker-restarts K] [--timeout-s T]
                      [--grace-period-s S] [--no-isolate] [--preload MODULES]
-                     -- COMMAND [ARG ...]
+                     [--slots-file PATH] -- COMMAND [ARG ...]
        {_PROG} --workers N [...] --print-tf-config --hosts H:P,H:P,... \
 [-- COMMAND ...]
        {_PROG} --workers N [...] --emit tfjob [--name NAME] [--image IMAGE]
@@ -60,6 +61,14 @@ they are printed.
 multi-worker jobs (no --ps): the job succeeds when every chief/worker task
 exits 0; an evaluator still running is then stopped. When a task exits
 non-zero the others are stopped and the job fails.
+
+elastic multi-worker jobs (--workers MIN:MAX, or --slots-file): the job
+starts MAX workers (at most the slots file's count) and goes on with fewer
+when one is lost, down to MIN (each loss uses one of --restarts); a task that
+exits 143 (tfdist.elastic saved it at a step after SIGTERM) is relaunched
+without using a restart; a change of the slots file's count stops the tasks
+at a step (SIGTERM) and relaunches with the new count. Scripts resume with
+tfdist.elastic.Elastic.
 
 parameter-server jobs (--ps M, which needs --chief): the chief runs the
 training script; worker and ps tasks serve until the job ends. The job
@@ -82,6 +91,7 @@ exceeded, 128+N stopped by signal N (130 for Ctrl-C).
 
 examples:
   {_PROG} --workers 2 -- python -u train.py --epochs 3
+  {_PROG} --workers 2:4 --restarts 10 -- python -u train.py
   {_PROG} --chief --workers 2 --ps 2 --restarts 1 -- python -u train_ps.py
   {_PROG} --workers 2 --chief --print-tf-config \
 --hosts 10.0.0.1:2222,10.0.0.2:2222,10.0.0.3:2222
@@ -163,6 +173,13 @@ def _seconds_type(flag: str) -> Callable[[str], float]:
     return parse
 
 
+def _workers_type(text: str) -> membership.WorkerRange:
+    try:
+        return membership.WorkerRange.parse(text)
+    except errors.LauncherError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _modules_type(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(","))
     if not all(
@@ -182,9 +199,9 @@ def _build_parser(out: TextIO) -> _Parser:
     tasks.add_argument(
         "--workers",
         required=True,
-        type=_count_type("--workers", 1, "2"),
-        metavar="N",
-        help="worker tasks (>= 1)",
+        type=_workers_type,
+        metavar="N|MIN:MAX",
+        help="worker tasks (>= 1), or the range an elastic job runs in",
     )
     tasks.add_argument(
         "--ps",
@@ -236,6 +253,14 @@ def _build_parser(out: TextIO) -> _Parser:
         help="run the tasks on this host's network, reachable on every "
         "interface, instead of in a private network namespace (for tasks "
         "that need the network: downloads, remote storage)",
+    )
+    run.add_argument(
+        "--slots-file",
+        metavar="PATH",
+        help="elastic jobs: a file holding the number of worker slots the "
+        "job may use now, re-read every "
+        f"{membership.POLL_S:g} s; when it changes the tasks are stopped at "
+        "a step and the job goes on with min(slots, MAX) workers",
     )
     run.add_argument(
         "--preload",
@@ -294,6 +319,18 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
         raise _UsageError(
             f"--hosts {args.hosts!r} only applies to --print-tf-config. Add "
             "--print-tf-config, or drop --hosts to launch on 127.0.0.1."
+        )
+    if args.workers.is_elastic and args.print_tf_config:
+        raise _UsageError(
+            f"--print-tf-config prints a fixed cluster; received --workers "
+            f"{args.workers}. Pass the number of workers, as in --workers "
+            f"{args.workers.maximum}."
+        )
+    if args.slots_file is not None and (args.print_tf_config or args.emit):
+        raise _UsageError(
+            f"--slots-file {args.slots_file!r} only applies to jobs this "
+            "launcher runs; --print-tf-config and --emit tfjob launch "
+            "nothing. Drop --slots-file."
         )
     if args.print_tf_config:
         if args.hosts is None:
@@ -371,7 +408,7 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
 
 def _shape(args: argparse.Namespace) -> job.JobShape:
     return job.JobShape(
-        args.workers,
+        args.workers.maximum,
         num_ps=args.ps,
         has_chief=args.chief,
         has_evaluator=args.evaluator,
@@ -448,6 +485,7 @@ def run_cli(
                     restarts=args.restarts,
                     timeout_s=args.timeout_s,
                     network_policy=not args.no_network_policy,
+                    min_workers=args.workers.minimum,
                 )
             )
             out.flush()
@@ -470,6 +508,8 @@ def run_cli(
             isolate=False if args.no_isolate else None,
             forward_signals=True,
             preload=args.preload or (),
+            min_workers=args.workers.minimum,
+            slots_file=args.slots_file,
             stdout=out,
             stderr=err,
         )

@@ -240,6 +240,9 @@ class JobResult:
       signal_number: For `INTERRUPTED`, the signal passed to `request_stop`.
       timeout_s: The time limit the job ran under, or `None`.
       elapsed_s: Seconds from starting the first task to reaping the last.
+      decided_after_s: Seconds from starting the first task to the exit,
+        timeout or stop request that decided the outcome (the tasks still
+        running were stopped after it).
       is_isolated: Whether the tasks ran in a private network namespace.
     """
 
@@ -250,6 +253,7 @@ class JobResult:
     signal_number: int | None = None
     timeout_s: float | None = None
     elapsed_s: float = 0.0
+    decided_after_s: float = 0.0
     is_isolated: bool = False
 
     @property

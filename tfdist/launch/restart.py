@@ -14,7 +14,22 @@
 
 In a parameter-server job (`shape.kind`) a worker that dies is first
 restarted alone, inside the attempt (`LocalJob`, `worker_restarts`); only a
-failure of the job itself relaunches all tasks. SIGINT/SIGTERM received by
+failure of the job itself relaunches all tasks.
+
+Elastic multi-worker jobs (`min_workers` below `shape.num_workers`, or a
+`slots_file`; `membership`) change the number of workers between attempts:
+
+    attempt ends                         next attempt
+    a task exited 143 (preempted,        the same workers; no restart used
+      its state saved at a step)
+    the slots file changed               min(slots, MAX) workers; no restart
+                                         used (the tasks were stopped with
+                                         SIGTERM, and saved at a step)
+    a worker was lost (crashed, killed)  one worker fewer; a restart used
+    fewer than min_workers left          the job fails, naming the lost task
+
+Each change is logged (`membership: 3 -> 2 worker(s) ...`) with what caused
+it and, once the next attempt is running, how long the change took. SIGINT/SIGTERM received by
 the launcher (main thread only) are forwarded to
 the running attempt's tasks, and end the job. Whether the tasks run in a
 private network namespace is decided once, before the first attempt; if
@@ -39,6 +54,7 @@ from tfdist import errors
 from tfdist import _validation as validation
 from tfdist.launch import isolation
 from tfdist.launch import job
+from tfdist.launch import membership
 from tfdist.launch import ports
 from tfdist.launch import supervisor
 
@@ -91,6 +107,8 @@ def run_local_job(
     isolate: bool | None = None,
     forward_signals: bool = False,
     preload: Sequence[str] = (),
+    min_workers: int | None = None,
+    slots_file: str | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> job.JobResult:
@@ -124,18 +142,28 @@ def run_local_job(
         attempt's `python SCRIPT` tasks are forked from (`LocalJob`'s
         `preload`; a restart then costs a fork, not an import); `()`
         starts each task as a fresh process.
+      min_workers: Elastic jobs: the fewest workers the job may run on
+        (`shape.num_workers` is the most); None: exactly
+        `shape.num_workers`. Multi-worker jobs only.
+      slots_file: Elastic jobs: a file holding how many worker slots the
+        job may use now, re-read while it runs (see `membership`); None:
+        the count changes only when a worker is lost.
       stdout: Where task stdout goes; `None` means `sys.stdout`.
       stderr: Where task stderr and launcher messages go; `None` means
         `sys.stderr`.
 
     Returns:
       The result of the last attempt; `timeout_s` in it is the whole job's.
+      An elastic job that falls below `min_workers` returns the attempt in
+      which the last worker it could spare was lost (`FAILED`).
 
     Raises:
       TypeError: If an argument has the wrong type.
       LauncherError: If `restarts` or `worker_restarts` is out of range, the
         command is empty, a parameter-server job has no chief, a task
-        cannot be started, or `isolate=True` but the OS does not allow it.
+        cannot be started, `isolate=True` but the OS does not allow it, or
+        `min_workers`/`slots_file` are given for a parameter-server job or
+        `min_workers` is out of range.
       ConfigError: If `timeout_s` or `grace_period_s` is not positive.
 
     Example:
@@ -156,6 +184,7 @@ def run_local_job(
     if timeout_s is not None:
         timeout_s = validation.check_positive_number("timeout_s", timeout_s)
     validation.check_positive_number("grace_period_s", grace_period_s)
+    workers = _worker_range(shape, min_workers, slots_file)
 
     def log(message: str) -> None:
         sink = stderr if stderr is not None else sys.stderr
@@ -170,12 +199,20 @@ def run_local_job(
     )
     deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
     forwarder = _SignalForwarder()
+    num_workers = shape.num_workers
+    if slots_file is not None:
+        slots = membership.read_slots(slots_file)
+        if slots is not None:
+            num_workers = max(min(slots, workers.maximum), workers.minimum)
+    change: _Change | None = None
     with contextlib.ExitStack() as stack:
         if forward_signals:
             stack.enter_context(forwarder)
         attempt = 0
         while True:
-            cluster = ports.make_local_cluster(shape)
+            cluster = ports.make_local_cluster(
+                dataclasses.replace(shape, num_workers=num_workers)
+            )
             local_job = supervisor.LocalJob(
                 cluster,
                 argv,
@@ -196,22 +233,129 @@ def run_local_job(
                     f"{t.name}={cluster.address(t)}" for t in cluster.tasks()
                 )
             )
+            if change is not None:
+                log(
+                    f"membership: {change.before} -> {num_workers} worker(s) "
+                    f"re-formed {time.monotonic() - change.at_s:.1f} s after "
+                    f"{change.cause}."
+                )
+                change = None
+            watcher = None
+            if slots_file is not None:
+                watcher = membership.SlotsWatcher(
+                    slots_file,
+                    workers,
+                    current=num_workers,
+                    on_change=lambda _: local_job.request_stop(signal.SIGTERM),
+                )
+                watcher.start()
             remaining_s = None
             if deadline_s is not None:
                 remaining_s = max(deadline_s - time.monotonic(), 1e-3)
-            result = local_job.run(timeout_s=remaining_s)
+            try:
+                result = local_job.run(timeout_s=remaining_s)
+            finally:
+                if watcher is not None:
+                    watcher.stop()
             if result.outcome is job.JobOutcome.TIMED_OUT:
                 result = dataclasses.replace(result, timeout_s=timeout_s)
             forwarder.job = None
             if (
-                result.outcome is not job.JobOutcome.FAILED
-                or attempt >= restarts
+                result.outcome is job.JobOutcome.SUCCEEDED
+                or result.outcome is job.JobOutcome.TIMED_OUT
                 or forwarder.signal_number is not None
                 or (deadline_s is not None and time.monotonic() >= deadline_s)
             ):
+                return result
+            # When the exit or request that ended the attempt happened.
+            ended_s = time.monotonic() - (result.elapsed_s - result.decided_after_s)
+            if watcher is not None and watcher.target is not None:
+                target = watcher.target
+                cause = f"the slots file asked for {target}; the tasks were stopped at a step"
+                if target < workers.minimum:
+                    log(
+                        f"membership: the slots file grants {target} worker(s), "
+                        f"fewer than the {workers.minimum} the job needs "
+                        f"(--workers {workers}); stopped the job (its tasks "
+                        "saved at a step: run it again to resume)."
+                    )
+                    return dataclasses.replace(result, outcome=job.JobOutcome.FAILED)
+                change = _Change(num_workers, cause, ended_s)
+                log(f"membership: {num_workers} -> {target} worker(s): {cause}.")
+                num_workers = target
+                continue
+            if result.outcome is not job.JobOutcome.FAILED:
+                return result
+            failed = (
+                result.task_result(result.failed_task)
+                if result.failed_task is not None
+                else None
+            )
+            if failed is not None and failed.exit_code == errors.PREEMPTED_EXIT_CODE and (
+                workers.is_elastic or slots_file is not None
+            ):
+                cause = f"task {failed.task.name} was preempted (saved at a step, exit 143)"
+                change = _Change(num_workers, cause, ended_s)
+                log(f"membership: {cause}; relaunching {num_workers} worker(s).")
+                continue
+            if (
+                workers.is_elastic
+                and failed is not None
+                and failed.task.task_type == "worker"
+                and failed.exit_code != errors.PREEMPTED_EXIT_CODE
+            ):
+                lost = f"task {failed.task.name} {failed.describe()}"
+                if num_workers - 1 < workers.minimum:
+                    log(
+                        f"membership: {lost}, leaving {num_workers - 1} "
+                        f"worker(s), fewer than the {workers.minimum} the job "
+                        f"needs (--workers {workers}); failing the job."
+                    )
+                    return result
+                if attempt >= restarts:
+                    return result
+                attempt += 1
+                change = _Change(num_workers, lost, ended_s)
+                log(
+                    f"membership: {num_workers} -> {num_workers - 1} worker(s): "
+                    f"{lost} (restart {attempt}/{restarts}); resuming from the "
+                    "last committed state."
+                )
+                num_workers -= 1
+                continue
+            if attempt >= restarts:
                 return result
             attempt += 1
             log(
                 f"restart {attempt}/{restarts}: {result.describe()} "
                 f"Relaunching all {cluster.num_tasks} task(s) on fresh ports."
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Change:
+    """A membership change under way: the count before, why, when the attempt ended."""
+
+    before: int
+    cause: str
+    at_s: float
+
+
+def _worker_range(
+    shape: job.JobShape, min_workers: int | None, slots_file: str | None
+) -> membership.WorkerRange:
+    """The job's worker range; refuses elastic settings a job cannot take."""
+    if min_workers is None:
+        workers = membership.WorkerRange(shape.num_workers, shape.num_workers)
+    else:
+        validation.check_positive_int("min_workers", min_workers, error=errors.LauncherError)
+        workers = membership.WorkerRange(min_workers, shape.num_workers)
+    if (workers.is_elastic or slots_file is not None) and shape.num_ps:
+        raise errors.LauncherError(
+            f"a parameter-server job (num_ps={shape.num_ps}) has a fixed "
+            f"set of workers; received --workers {workers}"
+            + (f" and a slots file {slots_file!r}" if slots_file else "")
+            + ". Its lost workers are restarted alone (--worker-restarts); "
+            "drop the range, or drop --ps for an elastic multi-worker job."
+        )
+    return workers

@@ -330,6 +330,7 @@ class LocalJob:
             outcome, failed, signal_number = self._supervise(
                 tasks, deadline_s, output
             )
+            decided_after_s = time.monotonic() - started_s
             if outcome is not job.JobOutcome.SUCCEEDED or any(
                 t.is_running for t in tasks
             ):
@@ -351,6 +352,7 @@ class LocalJob:
             signal_number=signal_number,
             timeout_s=timeout_s,
             elapsed_s=time.monotonic() - started_s,
+            decided_after_s=decided_after_s,
             is_isolated=is_isolated,
         )
 

@@ -320,6 +320,26 @@ class BadArgumentsTest(parameterized.TestCase):
             r"received --workers 'two'",
         ),
         (
+            "inverted_worker_range",
+            ["--workers", "3:2", "--", "x"],
+            r"expected 1 <= MIN <= MAX workers; received --workers 3:2",
+        ),
+        (
+            "worker_range_with_print_tf_config",
+            ["--workers", "2:3", "--print-tf-config", "--hosts", "a:1,b:1,c:1"],
+            r"--print-tf-config prints a fixed cluster; received --workers 2:3",
+        ),
+        (
+            "slots_file_with_emit",
+            ["--workers", "2:3", "--slots-file", "s", "--emit", "tfjob", "--", "x"],
+            r"--slots-file 's' only applies to jobs this launcher runs",
+        ),
+        (
+            "worker_range_with_ps",
+            ["--workers", "1:2", "--ps", "1", "--chief", "--", "x"],
+            r"parameter-server job \(num_ps=1\) has a fixed set of workers; received --workers 1:2",
+        ),
+        (
             "negative_ps",
             ["--workers", "1", "--ps", "-1", "--", "x"],
             r"expected an integer >= 0, received --ps '-1'",

@@ -70,6 +70,13 @@ class TfjobManifestTest(parameterized.TestCase):
             {"backoffLimit": 3, "activeDeadlineSeconds": 91},
         )
 
+    def test_an_elastic_range_runs_max_replicas_and_says_why(self):
+        text = tfjob.tfjob_manifest(["python", "train.py"], job.JobShape(4), min_workers=2)
+        manifest = _documents(text)["TFJob"]
+        self.assertEqual(manifest["spec"]["tfReplicaSpecs"]["Worker"]["replicas"], 4)
+        self.assertIn("# Elastic range 2:4 workers: a TFJob has no", text)
+        self.assertNotIn("Elastic range", tfjob.tfjob_manifest(["python"], job.JobShape(4), min_workers=4))
+
     def test_network_policy_admits_only_the_jobs_own_pods(self):
         documents = _documents(
             tfjob.tfjob_manifest(
