@@ -2,11 +2,10 @@
 
     python elastic_script.py MODE OUT_DIR
 
-Trains a small classifier whose first layer counts, in a variable summed
+Trains a small classifier whose first layer counts, in a weight summed
 over all replicas, how often it trained on each example (ids in feature
-column 0). The counter is no weight of the model (nothing restores it): the
-chief writes each attempt's counts to OUT_DIR/counts-<pid>.npy, so the sum
-over attempts says which examples were trained on, how often. Under TF_CONFIG
+column 0). Saved and restored with the model, the final model's counts say
+which examples were trained on, how often, across every attempt. Under TF_CONFIG
 the strategy is `tfdist.MultiWorkerMirroredStrategy`, else
 `tfdist.MirroredStrategy` on this process's CPUs. Epochs of STEPS_PER_EPOCH
 steps, a short last batch included; the input is not shuffled unless MODE
@@ -44,6 +43,7 @@ import tensorflow as tf
 import tfdist
 
 keras = tf.keras
+TF_KERAS = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true")  # TF's rule.
 NUM_EXAMPLES = 120
 GLOBAL_BATCH_SIZE = 16
 STEPS_PER_EPOCH = 8  # 7 full steps and one of 8 examples.
@@ -63,23 +63,30 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 
 class CountIds(keras.layers.Layer):
-    """Counts the ids (column 0) it trains on in `counts` (summed over replicas)."""
+    """Counts the ids (column 0) it trains on, over all replicas, in the weight `counts`.
+
+    A weight: saved and restored with the model, so the final model's counts
+    cover every attempt, and a step trained again after a restore counts once.
+    """
 
     def build(self, input_shape):
-        # A tf.Variable, untracked: Keras 3's add_weight(aggregation="sum")
-        # adds the replicas' values, not their updates (1, 2, 4, ... under
-        # TF's MirroredStrategy too), and a weight would be restored.
-        object.__setattr__(self, "counts", tf.Variable(
-            tf.zeros([NUM_EXAMPLES]), trainable=False, name="counts",
-            aggregation=tf.VariableAggregation.SUM,
-        ))
+        # Every replica assigns the same all-reduced total; Keras 3's
+        # aggregation="sum" would instead add the replicas' new values.
+        aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA if TF_KERAS else "only_first_replica"
+        self.counts = self.add_weight(
+            name="counts", shape=(NUM_EXAMPLES,), initializer="zeros", trainable=False,
+            aggregation=aggregation,
+        )
 
     def call(self, inputs, training=None):
         if training:
             ids = tf.cast(inputs[:, 0], tf.int32)
             # A one-hot sum, not bincount: DTensor (MeshStrategy) has no rule for bincount.
             seen = tf.reduce_sum(tf.one_hot(ids, NUM_EXAMPLES), axis=0)
-            self.counts.assign_add(seen)
+            context = tf.distribute.get_replica_context()
+            if context is not None and context.num_replicas_in_sync > 1:
+                seen = context.all_reduce("sum", seen)
+            self.counts.assign(self.counts + seen)
         return inputs[:, 1:]
 
 
@@ -145,17 +152,13 @@ def main(mode: str, out_dir: str) -> None:
         model = build_model()
     x, y = data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE)
-    is_chief = strategy.extended.should_checkpoint
     try:
         model.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=callbacks)
     except tfdist.errors.TrainingPreempted as e:
         with open(os.path.join(out_dir, f"preempted-{task.replace(':', '-')}.json"), "w") as f:
             json.dump({"epoch": e.epoch, "step": e.step}, f)
         raise
-    finally:
-        if is_chief:
-            np.save(os.path.join(out_dir, f"counts-{os.getpid()}.npy"), model.layers[0].counts.numpy())
-    if is_chief:
+    if strategy.extended.should_checkpoint:
         np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
 
 

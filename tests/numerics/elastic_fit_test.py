@@ -7,7 +7,8 @@ again with `Elastic` and a preemption notice after step SIGNAL_STEP + 1 of
 epoch SIGNAL_EPOCH: `fit` raises `TrainingPreempted` (exit status 143) at a
 step of that epoch. A new model resumes from the backup. The resumed model
 equals the uninterrupted one (same arithmetic: bit for bit), and the
-examples counted over both fits are each trained on once per epoch.
+examples it counted (a weight, restored with the others) were each trained
+on once per epoch.
 
 Strategies that run in one process: MirroredStrategy (plain input, and
 tfdist's own per-epoch shuffle), LayerPlacementStrategy and (Keras 3)
@@ -43,17 +44,17 @@ def _strategy(name, shard):
 
 
 class _NoticeAt(keras.callbacks.Callback):
-    """A preemption notice after batch SIGNAL_STEP of epoch SIGNAL_EPOCH: SIGTERM, or `request_preemption`."""
+    """A preemption notice after `batch` of epoch SIGNAL_EPOCH: SIGTERM, or `request_preemption`."""
 
-    def __init__(self, elastic, sigterm):
+    def __init__(self, elastic, sigterm, batch=job.SIGNAL_STEP):
         super().__init__()
-        self._elastic, self._sigterm = elastic, sigterm
+        self._elastic, self._sigterm, self._batch = elastic, sigterm, batch
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if (self._epoch, batch) == (job.SIGNAL_EPOCH, job.SIGNAL_STEP):
+        if (self._epoch, batch) == (job.SIGNAL_EPOCH, self._batch):
             if self._sigterm:
                 os.kill(os.getpid(), signal.SIGTERM)
             else:
@@ -99,9 +100,26 @@ class ElasticFitTest(tf.test.TestCase, parameterized.TestCase):
         self.assertIsNone(preempted_again)
         for a, b in zip(reference.get_weights(), resumed.get_weights()):
             self.assertAllEqual(a, b)
-        counts = stopped.layers[0].counts.numpy() + resumed.layers[0].counts.numpy()
-        self.assertAllEqual(counts, np.full(job.NUM_EXAMPLES, job.EPOCHS))
+        # The counts are a weight, restored: the resumed model's cover both fits.
+        self.assertAllEqual(resumed.layers[0].counts.numpy(), np.full(job.NUM_EXAMPLES, job.EPOCHS))
+        self.assertLess(np.sum(stopped.layers[0].counts.numpy()), job.EPOCHS * job.NUM_EXAMPLES)
         self.assertFalse(os.path.exists(backup))  # Deleted once the fit completed.
+
+
+class ElasticEpochEndTest(tf.test.TestCase):
+    def test_a_stop_on_an_epochs_last_step_saves_at_the_epoch_end_and_resumes_the_next_epoch(self):
+        # tfdist's per-epoch shuffle: the resumed job must draw the next
+        # epoch's order, not the first epoch's again.
+        reference, _ = _fit(_strategy("mirrored", True))
+        backup = os.path.join(self.create_tempdir().full_path, "backup")
+        elastic = tfdist.elastic.Elastic(backup, save_freq=None)
+        notice = _NoticeAt(elastic, False, batch=job.STEPS_PER_EPOCH - 2)
+        stopped, preempted = _fit(_strategy("mirrored", True), [elastic, notice])
+        self.assertEqual((preempted.epoch, preempted.step), (job.SIGNAL_EPOCH + 1, 0))
+        resumed, _ = _fit(_strategy("mirrored", True), [tfdist.elastic.Elastic(backup)])
+        for a, b in zip(reference.get_weights(), resumed.get_weights()):
+            self.assertAllEqual(a, b)
+        self.assertAllEqual(resumed.layers[0].counts.numpy(), np.full(job.NUM_EXAMPLES, job.EPOCHS))
 
 
 class ElasticArgumentsTest(tf.test.TestCase, parameterized.TestCase):
@@ -114,6 +132,17 @@ class ElasticArgumentsTest(tf.test.TestCase, parameterized.TestCase):
         kwargs = {"backup_dir": "/tmp/backup", **kwargs}
         with self.assertRaisesRegex(tfdist.errors.ConfigError, pattern):
             tfdist.elastic.Elastic(**kwargs)
+
+    def test_a_parameter_server_strategy_is_refused_at_fit_start(self):
+        class Model:  # What the callback reads of a model training under it.
+            distribute_strategy = object.__new__(tfdist.ParameterServerStrategy)
+
+        elastic = tfdist.elastic.Elastic("/tmp/backup")
+        elastic.set_model(Model())
+        with self.assertRaisesRegex(
+            tfdist.errors.ConfigError, r"Elastic does not support ParameterServerStrategy yet.*BackupAndRestore"
+        ):
+            elastic.on_train_begin()
 
     def test_resuming_mid_epoch_under_a_strategy_without_tfdist_input_raises_config_error(self):
         backup = os.path.join(self.create_tempdir().full_path, "backup")

@@ -90,7 +90,8 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         `backup_dir`, so that running the script again trains anew.
 
     Raises:
-      ConfigError: If `save_freq` is invalid (at construction), or at
+      ConfigError: If `save_freq` is invalid (at construction); at `fit`'s
+        start under a parameter-server strategy (not supported yet); or at
         `fit`'s first step if a resume point was not taken by the input.
       TrainingPreempted: From `fit`, once every task has committed after a
         notice; uncaught, the process exits 143.
@@ -128,7 +129,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             agreement_lib.LocalAgreement()
         )
         self._epoch = 0
-        self._step_offset = 0
+        self._step_offset = 0  # Keras 3 numbers a resumed epoch's batches from 0.
+        self._resumed_step = 0  # Steps of the first epoch trained before this fit.
+        self._epoch_begun = False  # Whether the epoch's pass has produced a batch.
         self._steps_in_epoch = 0
         self._steps_done = 0
         self._since_commit = 0
@@ -136,6 +139,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._resume_armed = False
         self._stop_at_epoch_end = False
         self._ran_out_filter: tuple[Any, ...] | None = None
+        self._keras3 = True  # Set for the model at each fit's start.
 
     @property
     def preemption_requested(self) -> bool:
@@ -151,6 +155,24 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_begin(self, logs: Any = None) -> None:
         del logs
         strategy = self.model.distribute_strategy
+        if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+            raise errors.ConfigError(
+                f"Elastic does not support {type(strategy).__name__} yet: its "
+                "workers read input through TF's cluster coordinator, which "
+                "cannot start an epoch at a step, and its ps tasks must outlive "
+                "the chief's save. Use keras.callbacks.BackupAndRestore (it "
+                "resumes at the epoch), or a data-parallel tfdist strategy."
+            )
+        from tfdist.mesh import strategy as mesh  # Imports DTensor.
+
+        if isinstance(strategy, mesh.MeshStrategy) and strategy.cluster_config is not None:
+            raise errors.ConfigError(
+                "Elastic does not support a MeshStrategy across TF_CONFIG workers "
+                "yet (its tasks would not agree on the step to stop at). Use "
+                "keras.callbacks.BackupAndRestore (it resumes at the epoch), or "
+                "MultiWorkerMirroredStrategy for an elastic data-parallel job."
+            )
+        self._keras3 = not type(self.model).__module__.startswith("tf_keras")
         is_writer = bool(getattr(strategy.extended, "should_checkpoint", True))
         self._state = training_state.TrainingState(
             self.model, self.backup_dir, is_writer=is_writer
@@ -165,13 +187,13 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         del logs
-        if self._steps_in_epoch == 0:  # The epoch's pass has begun.
+        if not self._epoch_begun:  # The epoch's pass has begun.
             if self._resume_armed:
                 self._resume_armed = False
                 if resume.disarm():
                     raise errors.ConfigError(
                         "Elastic restored a state saved after step "
-                        f"{self._step_offset} of epoch {self._epoch}, but the "
+                        f"{self._steps_in_epoch} of epoch {self._epoch}, but the "
                         "training input did not start there: resuming mid-epoch "
                         "needs a dataset or arrays given to fit under a tfdist "
                         f"strategy; the model trains under "
@@ -184,7 +206,8 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         del logs
         done = self._step_offset + batch + 1 if self._keras3 else batch + 1
-        if self._steps_in_epoch == 0:  # The epoch's pass has produced.
+        if not self._epoch_begun:  # The epoch's pass has produced.
+            self._epoch_begun = True
             self._data_epoch = resume.last_epoch()
         self._since_commit += done - self._steps_in_epoch
         self._steps_in_epoch = done
@@ -204,12 +227,12 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         del logs
         self._epoch = epoch
-        self._steps_in_epoch = 0
+        self._epoch_begun = False
+        self._steps_in_epoch, self._resumed_step = self._resumed_step, 0
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         del logs
         self._step_offset = 0
-        self._steps_in_epoch = 0
         self._allow_ran_out_warning()
         if self._data_epoch is not None:
             self._data_epoch += 1
@@ -226,23 +249,22 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     # Internals.
 
-    @property
-    def _keras3(self) -> bool:
-        return not type(self.model).__module__.startswith("tf_keras")
-
     def _resume(self, position: training_state.Position, took_s: float) -> None:
         self._epoch = position.epoch
         self._steps_done = position.steps_done
         keras_compat.set_fit_start(self.model, position.epoch, position.step)
+        self._resumed_step = position.step
         if position.step:
             self._step_offset = position.step if self._keras3 else 0
-            self._steps_in_epoch = 0
+            if self._keras3:
+                self._silence_ran_out_warning()
+        # A sharded input's next pass must be the saved epoch's even from its
+        # start; any other input resumes an epoch's start as it is.
+        if position.step or position.data_epoch is not None:
             data_epoch = position.epoch if position.data_epoch is None else position.data_epoch
             resume.arm(resume.ResumePoint(epoch=data_epoch, step=position.step))
             self._resume_armed = True
-            if self._keras3:
-                self._silence_ran_out_warning()
-        logging.info(
+        logging.warning(  # Shown by default: a user must see where training went on.
             "tfdist.elastic: resumed from %s in %.2f s: epoch %d, step %d.",
             self._state.latest_directory() if self._state else self.backup_dir,
             took_s,

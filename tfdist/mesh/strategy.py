@@ -177,6 +177,11 @@ class MeshStrategy(tf.distribute.Strategy):
         """The mesh axis batches are split over."""
         return self._batch_dim_name
 
+    @property
+    def cluster_config(self) -> cluster_lib.ClusterConfig | None:
+        """The TF_CONFIG cluster the mesh spans, or None for one process's devices."""
+        return self._cluster
+
     def bytes_per_device(self) -> tuple[int, int]:
         """(bytes each device holds, bytes unsplit) of the variables the scope created.
 

@@ -1,0 +1,175 @@
+"""Elastic jobs with real processes: preemption saves at a step, and the job resumes there on any worker count.
+
+Each test launches `elastic_script.py` (a counting classifier under
+tfdist.MultiWorkerMirroredStrategy with tfdist.elastic.Elastic) with
+`tfdist-launch` on 127.0.0.1, and compares the final weights with one
+process training uninterrupted on one device (same global batches), and
+the examples the final model counted (a weight, restored across attempts)
+with exactly once per epoch. Every
+job is bounded by a hard kill. Runs the first test under Keras 3 and
+tf-keras, the others under Keras 3.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl.testing import parameterized
+
+import tfdist
+from tests import forked_script
+from tests.integration import elastic_script as job
+from tests.integration import fault_lib
+
+pytestmark = [pytest.mark.multiprocess]
+
+SCRIPT = os.path.abspath(job.__file__)
+
+
+def _command(out_dir, mode, *launcher_args):
+    return [
+        sys.executable, "-m", "tfdist.launch", "--preload", "tensorflow", *launcher_args,
+        "--", sys.executable, SCRIPT, mode, out_dir,
+    ]
+
+
+def _launch(out_dir, mode, *launcher_args, tf_keras=False):
+    return subprocess.run(
+        _command(out_dir, mode, *launcher_args), env=fault_lib.env(tf_keras=tf_keras),
+        capture_output=True, text=True, timeout=fault_lib.JOB_LIMIT_S,
+    )
+
+
+@functools.cache
+def _reference(tf_keras):
+    """Final weights of one process training uninterrupted on one device."""
+    out_dir = tempfile.mkdtemp(prefix="tfdist-elastic-reference-")
+    result = forked_script.run(
+        [sys.executable, SCRIPT, "reference", out_dir], fault_lib.env(tf_keras=tf_keras),
+        cwd=os.getcwd(), timeout_s=fault_lib.JOB_LIMIT_S,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"the reference run exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return fault_lib.weights(os.path.join(out_dir, "weights.npz"))
+
+
+def _wait_for(out_dir, prefix, count, process):
+    deadline = time.monotonic() + fault_lib.JOB_LIMIT_S
+    while len(glob.glob(os.path.join(out_dir, prefix + "*"))) < count:
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no {count} {prefix}* files; the launcher's output:\n"
+                                 + process.communicate()[1][-5000:])
+        time.sleep(0.05)
+
+
+class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
+    def assert_equals_uninterrupted(self, out_dir, tf_keras=False):
+        for a, b in zip(fault_lib.weights(os.path.join(out_dir, "weights.npz")), _reference(tf_keras)):
+            self.assertAllClose(a, b, rtol=fault_lib.FLOAT32_RTOL, atol=fault_lib.FLOAT32_ATOL)
+
+    def assert_each_example_once_per_epoch(self, out_dir):
+        # The model's counts (its first weight) cover every attempt.
+        counts = fault_lib.weights(os.path.join(out_dir, "weights.npz"))[0]
+        self.assertAllEqual(counts, np.full(job.NUM_EXAMPLES, job.EPOCHS))
+
+    def saved_positions(self, out_dir):
+        positions = set()
+        for path in glob.glob(os.path.join(out_dir, "preempted-*.json")):
+            with open(path) as f:
+                record = json.load(f)
+            positions.add((record["epoch"], record["step"]))
+        return positions
+
+    @parameterized.named_parameters(
+        dict(testcase_name="keras3", tf_keras=False),
+        dict(testcase_name="tf_keras", tf_keras=True),
+    )
+    def test_sigterm_to_one_task_stops_every_task_at_one_step_and_the_restart_resumes_there(
+        self, tf_keras
+    ):
+        out_dir = self.create_tempdir().full_path
+        result = _launch(out_dir, "self_sigterm", "--workers", "2", "--restarts", "1", tf_keras=tf_keras)
+        self.assertEqual(result.returncode, 0, result.stderr[-5000:])
+        self.assertIn("restart 1/1: task worker:", result.stderr)
+        self.assertIn("exited with code 143", result.stderr)
+        # Both tasks saved at the same step of the signal's epoch, not at its end.
+        (position,) = self.saved_positions(out_dir)
+        self.assertEqual(position[0], job.SIGNAL_EPOCH)
+        self.assertGreater(position[1], job.SIGNAL_STEP)
+        self.assertLess(position[1], job.STEPS_PER_EPOCH)
+        self.assertLen(glob.glob(os.path.join(out_dir, "preempted-*.json")), 2)
+        self.assert_each_example_once_per_epoch(out_dir)
+        self.assert_equals_uninterrupted(out_dir, tf_keras)
+
+    def test_sigterm_to_the_launcher_exits_143_and_a_rerun_on_three_workers_resumes_at_the_step(self):
+        out_dir = self.create_tempdir().full_path
+        launcher = subprocess.Popen(
+            _command(out_dir, "wait_for_sigterm", "--workers", "2"), env=fault_lib.env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            _wait_for(out_dir, "reached-", 2, launcher)
+            launcher.send_signal(signal.SIGTERM)
+            _, stderr = launcher.communicate(timeout=fault_lib.JOB_LIMIT_S)
+        finally:
+            launcher.kill()
+        self.assertEqual(launcher.returncode, 143, stderr[-5000:])
+        self.assertNotIn("ignored it and", stderr)  # No task needed SIGKILL.
+        ((epoch, step),) = self.saved_positions(out_dir)
+        self.assertEqual(epoch, job.SIGNAL_EPOCH)
+        self.assertGreater(step, 0)
+
+        # Three workers: the global batch of 16 splits 6/5/5, re-partitioned.
+        rerun = _launch(out_dir, "wait_for_sigterm", "--workers", "3")
+        self.assertEqual(rerun.returncode, 0, rerun.stderr[-5000:])
+        self.assertIn("tfdist.elastic: resumed from", rerun.stderr)
+        self.assert_each_example_once_per_epoch(out_dir)
+        self.assert_equals_uninterrupted(out_dir)
+
+    def test_a_killed_worker_shrinks_the_job_which_resumes_from_its_last_commit(self):
+        out_dir = self.create_tempdir().full_path
+        result = _launch(out_dir, "kill", "--workers", "2:3", "--restarts", "1")
+        self.assertEqual(result.returncode, 0, result.stderr[-5000:])
+        self.assertIn("membership: 3 -> 2 worker(s): task worker:2 was killed by SIGKILL", result.stderr)
+        self.assertIn("tfdist-launch: all 2 chief/worker task(s) exited 0", result.stderr)
+        # Steps after the last commit were trained again from its state.
+        self.assert_each_example_once_per_epoch(out_dir)
+        self.assert_equals_uninterrupted(out_dir)
+
+    def test_a_slot_added_grows_the_job_at_a_step(self):
+        out_dir = self.create_tempdir().full_path
+        slots = os.path.join(out_dir, "slots")
+        with open(slots, "w") as f:
+            f.write("2")
+        launcher = subprocess.Popen(
+            _command(out_dir, "wait_for_sigterm", "--workers", "1:3", "--slots-file", slots),
+            env=fault_lib.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            _wait_for(out_dir, "reached-", 2, launcher)
+            with open(slots, "w") as f:
+                f.write("3")
+            _, stderr = launcher.communicate(timeout=fault_lib.JOB_LIMIT_S)
+        finally:
+            launcher.kill()
+        self.assertEqual(launcher.returncode, 0, stderr[-5000:])
+        self.assertIn("membership: 2 -> 3 worker(s): the slots file asked for 3", stderr)
+        self.assertIn("all 3 chief/worker task(s) exited 0", stderr)
+        self.assertLen(self.saved_positions(out_dir), 1)
+        self.assert_each_example_once_per_epoch(out_dir)
+        self.assert_equals_uninterrupted(out_dir)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
