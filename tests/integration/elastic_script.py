@@ -90,18 +90,23 @@ class CountIds(keras.layers.Layer):
         return inputs[:, 1:]
 
 
-def build_model():
+def build_model(adam: bool = False, dropout: bool = False):
+    """The counting classifier; SGD with momentum or Adam; with a Dropout layer or not.
+
+    Adam's update depends on the optimizer's step count and Dropout on its
+    seed's state: both must cross a resumption as they were.
+    """
     keras.utils.set_random_seed(1)
+    dropout = [keras.layers.Dropout(0.25)] if dropout else []
     model = keras.Sequential([
         keras.Input((NUM_FEATURES,)),
         CountIds(),
         keras.layers.Dense(8, activation="relu"),
+        *dropout,
         keras.layers.Dense(2),
     ])
-    model.compile(
-        keras.optimizers.SGD(0.05, momentum=0.9),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
+    optimizer = keras.optimizers.Adam(0.01) if adam else keras.optimizers.SGD(0.05, momentum=0.9)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 

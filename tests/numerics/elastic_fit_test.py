@@ -61,9 +61,11 @@ class _NoticeAt(keras.callbacks.Callback):
                 self._elastic.request_preemption()
 
 
-def _fit(strategy, callbacks=()):
+def _fit(strategy, callbacks=(), adam_and_dropout=False):
     with strategy.scope():
-        model = job.build_model()
+        # tf-keras's Dropout draws from random ops' own state, which is no
+        # variable: a resumed run draws other masks (docs/elastic.md).
+        model = job.build_model(adam=adam_and_dropout, dropout=adam_and_dropout and KERAS_3)
     x, y = job.data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(job.GLOBAL_BATCH_SIZE)
     try:
@@ -77,29 +79,38 @@ def _fit(strategy, callbacks=()):
 class ElasticFitTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(
         dict(testcase_name="mirrored", strategy="mirrored", shard=False, sigterm=False),
+        dict(testcase_name="mirrored_adam_dropout", strategy="mirrored", shard=False, sigterm=False,
+             adam_and_dropout=True),
         dict(testcase_name="mirrored_sigterm", strategy="mirrored", shard=False, sigterm=True),
         dict(testcase_name="mirrored_tfdist_shuffle", strategy="mirrored", shard=True, sigterm=False),
         dict(testcase_name="layer_placement", strategy="layer_placement", shard=False, sigterm=False),
         dict(testcase_name="mesh", strategy="mesh", shard=False, sigterm=False),
     )
-    def test_stopped_and_resumed_equals_uninterrupted(self, strategy, shard, sigterm):
+    def test_stopped_and_resumed_equals_uninterrupted(
+        self, strategy, shard, sigterm, adam_and_dropout=False
+    ):
         if strategy == "mesh" and not KERAS_3:
             self.skipTest("MeshStrategy trains Keras 3 models only (DTensor layouts of Keras 3's DeviceMesh).")
-        reference, _ = _fit(_strategy(strategy, shard))
+        reference, _ = _fit(_strategy(strategy, shard), adam_and_dropout=adam_and_dropout)
         backup = os.path.join(self.create_tempdir().full_path, "backup")
 
         elastic = tfdist.elastic.Elastic(backup, save_freq=None)
-        stopped, preempted = _fit(_strategy(strategy, shard), [elastic, _NoticeAt(elastic, sigterm)])
+        stopped, preempted = _fit(
+            _strategy(strategy, shard), [elastic, _NoticeAt(elastic, sigterm)], adam_and_dropout
+        )
         self.assertIsNotNone(preempted, "fit ran to its end despite the notice")
         self.assertEqual(preempted.code, tfdist.errors.PREEMPTED_EXIT_CODE)
         # The first step end after the notice, not the epoch's end.
         self.assertEqual((preempted.epoch, preempted.step), (job.SIGNAL_EPOCH, job.SIGNAL_STEP + 2))
         self.assertTrue(os.path.isdir(backup))
 
-        resumed, preempted_again = _fit(_strategy(strategy, shard), [tfdist.elastic.Elastic(backup)])
+        resumed, preempted_again = _fit(
+            _strategy(strategy, shard), [tfdist.elastic.Elastic(backup)], adam_and_dropout
+        )
         self.assertIsNone(preempted_again)
         for a, b in zip(reference.get_weights(), resumed.get_weights()):
             self.assertAllEqual(a, b)
+        self.assertEqual(int(resumed.optimizer.iterations.numpy()), int(reference.optimizer.iterations.numpy()))
         # The counts are a weight, restored: the resumed model's cover both fits.
         self.assertAllEqual(resumed.layers[0].counts.numpy(), np.full(job.NUM_EXAMPLES, job.EPOCHS))
         self.assertLess(np.sum(stopped.layers[0].counts.numpy()), job.EPOCHS * job.NUM_EXAMPLES)

@@ -37,8 +37,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import typing
-import warnings
 from typing import Any
 
 import tensorflow as tf
@@ -52,11 +50,6 @@ from tfdist.elastic import notice as notice_lib
 from tfdist.elastic import training_state
 
 __all__ = ["Elastic"]
-
-#: Keras 3's warning when a pass ends before the steps it expected, which a
-#: resumed epoch does by design.
-_RAN_OUT = "Your input ran out of data"
-
 
 class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     """Saves at a step on preemption (SIGTERM) and resumes from that step.
@@ -78,8 +71,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         optimizer) before `fit` resumes it. The number of workers may
         differ: the global batch is the dataset's, whatever the workers.
       - Keras numbers the resumed epoch's batches from 0 and ends it after
-        the steps left (Keras 3; tf-keras numbers them from the saved
-        step). Callbacks see the epoch's end as usual.
+        the steps left (Keras 3: `model.stop_training` is set after its last
+        step and cleared in this callback's `on_epoch_end`; tf-keras numbers
+        them from the saved step). Callbacks see the epoch's end as usual.
 
     Args:
       backup_dir: Directory of the committed state.
@@ -138,7 +132,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._data_epoch: int | None = None
         self._resume_armed = False
         self._stop_at_epoch_end = False
-        self._ran_out_filter: tuple[Any, ...] | None = None
+        self._ends_resumed_epoch = False
         self._keras3 = True  # Set for the model at each fit's start.
 
     @property
@@ -214,6 +208,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._steps_done += 1
         if isinstance(self.save_freq, int) and self._since_commit >= self.save_freq:
             self._commit(self._epoch, done)
+        self._end_resumed_epoch(done)
         if self._stop_at_epoch_end or not self._agreement.should_stop(
             self._steps_done, self._notice.requested
         ):
@@ -224,6 +219,19 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._commit(self._epoch, done)
         self._preempted(self._epoch, done)
 
+    def _end_resumed_epoch(self, done: int) -> None:
+        """Ends Keras 3's resumed epoch after its last step (see `on_epoch_end`).
+
+        Keras 3 expects the epoch's full number of steps and would call the
+        step once more on the shortened pass; that call fails at the end of
+        the data but still advances the optimizer's `iterations` (as Keras 3
+        does at the end of any input of unknown length), which would shift
+        Adam's or a schedule's arithmetic against an uninterrupted run.
+        """
+        if self._keras3 and self._step_offset and done == self.params.get("steps"):
+            self.model.stop_training = True
+            self._ends_resumed_epoch = True
+
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         del logs
         self._epoch = epoch
@@ -233,7 +241,12 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         del logs
         self._step_offset = 0
-        self._allow_ran_out_warning()
+        if self._ends_resumed_epoch:
+            # `_end_resumed_epoch` stopped the step loop; training goes on.
+            # (A callback before this one that stops training in this very
+            # epoch is overridden: it stops the next epoch.)
+            self._ends_resumed_epoch = False
+            self.model.stop_training = False
         if self._data_epoch is not None:
             self._data_epoch += 1
         if self.save_freq == "epoch" or self._stop_at_epoch_end:
@@ -256,8 +269,6 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._resumed_step = position.step
         if position.step:
             self._step_offset = position.step if self._keras3 else 0
-            if self._keras3:
-                self._silence_ran_out_warning()
         # A sharded input's next pass must be the saved epoch's even from its
         # start; any other input resumes an epoch's start as it is.
         if position.step or position.data_epoch is not None:
@@ -298,22 +309,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         keras_compat.clear_fit_start(self.model)  # `_resume`'s, for this fit only.
         self._notice.uninstall()
         self._agreement.stop()
-        self._allow_ran_out_warning()
         if self._resume_armed:
             self._resume_armed = False
             resume.disarm()
-
-    def _silence_ran_out_warning(self) -> None:
-        warnings.filterwarnings("ignore", message=re.escape(_RAN_OUT))
-        self._ran_out_filter = warnings.filters[0]
-
-    def _allow_ran_out_warning(self) -> None:
-        if self._ran_out_filter is not None:
-            try:
-                typing.cast(list, warnings.filters).remove(self._ran_out_filter)
-            except ValueError:
-                pass
-            self._ran_out_filter = None
 
 
 def _agreement_for(strategy: Any) -> Any:

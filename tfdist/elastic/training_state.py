@@ -18,9 +18,10 @@ files; every other task writes the same checkpoint into a temporary
 directory that is deleted at once, so that any collective a save runs
 (reading a variable synchronized on read) is run by every task alike.
 
-The checkpoint holds `model.weights` (trainable and not) and the optimizer
-(its iterations and slots), not metrics, so it restores into the same
-model built again, under any strategy and any number of workers.
+The checkpoint holds `model.variables` (the weights, trainable and not,
+and under Keras 3 the random layers' seed states) and the optimizer (its
+iterations and slots), not metrics, so it restores into the same model
+built again, under any strategy and any number of workers.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class TrainingState:
         self._is_writer = is_writer
         self._model = model
         self._checkpoint = tf.train.Checkpoint(
-            weights=list(model.weights), optimizer=model.optimizer
+            variables=list(model.variables), optimizer=model.optimizer
         )
 
     def commit(self, position: Position) -> None:
