@@ -19,6 +19,10 @@ A single-device Keras script plus the lines marked `# tfdist:`.
     python examples/digits.py --strategy=parameter_server  # the same, in-process cluster
     python examples/digits.py --strategy=parameter_server --input_service=chief
         # the workers read their batches from a tf.data service in the chief
+    python -m tfdist.launch --workers 2:3 --restarts 3 -- python -u examples/digits.py \
+        --strategy=multi_worker --elastic --model_dir=/tmp/digits
+        # SIGTERM to any task: every task saves at one step and exits 143; the job goes
+        # on from that step (on 2 workers if one is lost); run again to resume
 
 Prints Keras's progress bar, then per-epoch test accuracy and examples/s
 (with --strategy=layer_placement also the placement report, with
@@ -94,11 +98,18 @@ _LEARNING_RATE = flags.DEFINE_float(
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None,
     "If set: BackupAndRestore state and the final weights are written here.")
+_ELASTIC = flags.DEFINE_bool(
+    "elastic", False,
+    "With --model_dir: tfdist.elastic.Elastic instead of BackupAndRestore (on SIGTERM save at a "
+    "step, resume at that step on any number of workers); the data is not reshuffled per epoch.")
 _INPUT_SERVICE = flags.DEFINE_string(
     "input_service", None,
     "With --strategy=parameter_server: unset (the chief reads the data and sends each batch "
     "with its step), 'chief' (a tf.data service in the chief's process) or 'grpc://host:port' "
     "(your tf.data service's dispatcher): the workers read their batches from it.")
+_SEED = flags.DEFINE_integer(
+    "seed", None, "If set: the initial weights' seed (keras.utils.set_random_seed), so that runs "
+    "can be compared (a resumed --elastic run with an uninterrupted one).")
 _DATA_PATH = flags.DEFINE_string(
     "data_path", None,
     "An .npz file with arrays `x` (N, features) and `y` (N,) integer labels; "
@@ -120,6 +131,8 @@ class TrainConfig:
     steps: int | None = None
     learning_rate: float = 3e-3
     model_dir: str | None = None
+    elastic: bool = False
+    seed: int | None = None
     data_path: str | None = None
     input_service: str | None = None
 
@@ -234,6 +247,8 @@ def train(config: TrainConfig) -> TrainResult:
         tfdist.simulate_cpu_devices(config.simulate_cpu_devices)  # tfdist: N logical CPUs.
 
     (x_train, y_train), (x_test, y_test) = load_data(config.data_path)
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)
     strategy = make_strategy(config)
     print(f"strategy={config.strategy} replicas={strategy.num_replicas_in_sync} "
           f"global_batch_size={config.global_batch_size}", flush=True)
@@ -244,10 +259,17 @@ def train(config: TrainConfig) -> TrainResult:
                             config.learning_rate, config.model)
     throughput = Throughput(config.global_batch_size)
     callbacks: list[keras.callbacks.Callback] = [throughput]
-    if config.model_dir:
+    if config.model_dir and config.elastic:
+        # tfdist: on SIGTERM save at a step; resume at that step.
+        callbacks.append(tfdist.elastic.Elastic(f"{config.model_dir}/backup"))
+    elif config.model_dir:
         callbacks.append(keras.callbacks.BackupAndRestore(f"{config.model_dir}/backup"))
     model.fit(x_train, y_train, batch_size=config.global_batch_size,
               epochs=config.epochs, steps_per_epoch=config.steps,
+              # --elastic: one fixed order (load_data's), so a resumed epoch goes on
+              # with the examples it had left; with a global batch the replicas
+              # divide, tfdist.data.ShardOptions(seed=0) reshuffles reproducibly.
+              shuffle=not config.elastic,
               validation_data=(x_test, y_test), callbacks=callbacks, verbose=2)
     _, accuracy = model.evaluate(x_test, y_test, batch_size=config.global_batch_size,
                                  verbose=0)
@@ -274,6 +296,8 @@ def train(config: TrainConfig) -> TrainResult:
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if _ELASTIC.value and not _MODEL_DIR.value:
+        raise app.UsageError("--elastic saves in --model_dir: pass e.g. --model_dir=/tmp/digits.")
     train(TrainConfig(
         strategy=_STRATEGY.value,
         simulate_cpu_devices=_SIMULATE_CPU_DEVICES.value,
@@ -288,6 +312,8 @@ def main(argv: Sequence[str]) -> None:
         steps=_STEPS.value,
         learning_rate=_LEARNING_RATE.value,
         model_dir=_MODEL_DIR.value,
+        elastic=_ELASTIC.value,
+        seed=_SEED.value,
         data_path=_DATA_PATH.value,
         input_service=_INPUT_SERVICE.value,
     ))
