@@ -133,6 +133,27 @@ class ElasticEpochEndTest(tf.test.TestCase):
         self.assertAllEqual(resumed.layers[0].counts.numpy(), np.full(job.NUM_EXAMPLES, job.EPOCHS))
 
 
+class ElasticAfterAFailedFitTest(tf.test.TestCase):
+    def test_after_fit_raised_sigterm_reaches_the_handler_that_was_there_before(self):
+        # Keras ends no callback when fit raises; a SIGTERM then (a launcher
+        # stopping the task) must not be swallowed as a notice.
+        seen = []
+        previous = signal.signal(signal.SIGTERM, lambda number, frame: seen.append(number))
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+
+        class Fail(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 1:
+                    raise RuntimeError("a step failed")
+
+        elastic = tfdist.elastic.Elastic(os.path.join(self.create_tempdir().full_path, "b"))
+        with self.assertRaisesRegex(RuntimeError, "a step failed"):
+            _fit(_strategy("mirrored", False), [elastic, Fail()])
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.assertEqual(seen, [signal.SIGTERM])
+        self.assertFalse(elastic.preemption_requested)
+
+
 class ElasticArgumentsTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(
         dict(testcase_name="save_freq_zero", kwargs={"save_freq": 0}, pattern="save_freq=0"),

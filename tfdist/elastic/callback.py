@@ -117,7 +117,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.delete_on_completion = bool(delete_on_completion)
-        self._notice = notice_lib.PreemptionNotice()
+        self._notice = notice_lib.PreemptionNotice(is_active=self._inside_fit)
         self._state: training_state.TrainingState | None = None
         self._agreement: agreement_lib.LocalAgreement | agreement_lib.ClusterAgreement = (
             agreement_lib.LocalAgreement()
@@ -261,6 +261,15 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             self._state.delete()
 
     # Internals.
+
+    def _inside_fit(self, frame: Any) -> bool:
+        """Whether `frame` runs inside this model's `fit` (Keras does not end callbacks when `fit` raises)."""
+        model = self.model
+        while frame is not None:
+            if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+                return True
+            frame = frame.f_back
+        return False
 
     def _resume(self, position: training_state.Position, took_s: float) -> None:
         self._epoch = position.epoch

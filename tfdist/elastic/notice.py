@@ -19,6 +19,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import types
+from collections.abc import Callable
 from typing import Any
 
 from absl import logging
@@ -34,9 +36,17 @@ class PreemptionNotice:
     then the notice comes only through `request`). While installed, SIGTERM
     sets `requested`; a second SIGTERM changes nothing. `uninstall` puts back
     the handler that was there before.
+
+    Args:
+      is_active: Given the main thread's frame when SIGTERM arrives, whether
+        training is still under way there. If not (a `fit` that raised
+        never tells its callbacks it ended), the previous handler is put
+        back and gets this SIGTERM, as if none had been installed. None:
+        always a notice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, is_active: Callable[[types.FrameType | None], bool] | None = None) -> None:
+        self._is_active = is_active
         self._requested = threading.Event()
         self._previous: Any = None
         self._installed = False
@@ -75,8 +85,11 @@ class PreemptionNotice:
         signal.signal(signal.SIGTERM, previous)
         self._installed = False
 
-    def _handle(self, signal_number: int, frame: object) -> None:
-        del signal_number, frame
+    def _handle(self, signal_number: int, frame: types.FrameType | None) -> None:
+        if self._is_active is not None and not self._is_active(frame):
+            self.uninstall()
+            signal.raise_signal(signal_number)  # To the handler that was there before.
+            return
         if not self._requested.is_set():
             logging.warning(
                 "tfdist.elastic: SIGTERM received; training stops at the next "

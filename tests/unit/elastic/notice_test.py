@@ -36,6 +36,25 @@ class PreemptionNoticeTest(tf.test.TestCase):
         self.assertFalse(notice.requested)
         self.assertEqual(self.seen, [signal.SIGTERM])
 
+    def test_when_training_is_over_sigterm_goes_to_the_previous_handler(self):
+        # A fit that raised never ends its callbacks: the handler must not
+        # swallow the SIGTERM that is meant to end the process.
+        notice = notice_lib.PreemptionNotice(is_active=lambda frame: frame.f_code.co_name == "never")
+        notice.install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.assertFalse(notice.requested)
+        self.assertEqual(self.seen, [signal.SIGTERM])
+        self.assertEqual(signal.getsignal(signal.SIGTERM).__name__, "<lambda>")  # Put back.
+
+    def test_while_training_is_active_sigterm_is_a_notice(self):
+        notice = notice_lib.PreemptionNotice(
+            is_active=lambda frame: frame is not None and frame.f_code.co_name.startswith("test_")
+        )
+        notice.install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.assertTrue(notice.requested)
+        self.assertEqual(self.seen, [])
+
     def test_outside_the_main_thread_nothing_is_installed_and_request_still_works(self):
         notice = notice_lib.PreemptionNotice()
         thread = threading.Thread(target=notice.install)
