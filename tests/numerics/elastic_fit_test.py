@@ -44,17 +44,17 @@ def _strategy(name, shard):
 
 
 class _NoticeAt(keras.callbacks.Callback):
-    """A preemption notice after `batch` of epoch SIGNAL_EPOCH: SIGTERM, or `request_preemption`."""
+    """A preemption notice after `batch` of `epoch`: SIGTERM, or `request_preemption`."""
 
-    def __init__(self, elastic, sigterm, batch=job.SIGNAL_STEP):
+    def __init__(self, elastic, sigterm, batch=job.SIGNAL_STEP, epoch=job.SIGNAL_EPOCH):
         super().__init__()
-        self._elastic, self._sigterm, self._batch = elastic, sigterm, batch
+        self._elastic, self._sigterm, self._batch, self._at = elastic, sigterm, batch, epoch
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if (self._epoch, batch) == (job.SIGNAL_EPOCH, self._batch):
+        if (self._epoch, batch) == (self._at, self._batch):
             if self._sigterm:
                 os.kill(os.getpid(), signal.SIGTERM)
             else:
@@ -131,6 +131,16 @@ class ElasticEpochEndTest(tf.test.TestCase):
         for a, b in zip(reference.get_weights(), resumed.get_weights()):
             self.assertAllEqual(a, b)
         self.assertAllEqual(resumed.layers[0].counts.numpy(), np.full(job.NUM_EXAMPLES, job.EPOCHS))
+
+
+class ElasticLastEpochTest(tf.test.TestCase):
+    def test_a_stop_at_the_last_epochs_end_lets_fit_complete(self):
+        backup = os.path.join(self.create_tempdir().full_path, "backup")
+        elastic = tfdist.elastic.Elastic(backup, save_freq=None)
+        notice = _NoticeAt(elastic, False, batch=job.STEPS_PER_EPOCH - 2, epoch=job.EPOCHS - 1)
+        _, preempted = _fit(_strategy("mirrored", False), [elastic, notice])
+        self.assertIsNone(preempted)  # Training was complete: nothing to resume.
+        self.assertFalse(os.path.exists(backup))
 
 
 class ElasticAfterAFailedFitTest(tf.test.TestCase):

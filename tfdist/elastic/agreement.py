@@ -1,6 +1,6 @@
 """At which step every task stops after a preemption notice, without a collective per step.
 
-    agreement = ClusterAgreement("worker:0", ["worker:0", "worker:1"], timeout_s=300)
+    agreement = ClusterAgreement("worker:0", ["worker:0", "worker:1"], fit_index=0)
     agreement.start()
     ...  # each step end, on the training thread:
     if agreement.should_stop(steps_done, notice.requested): save(); stop()
@@ -13,7 +13,8 @@ the others never join. The tasks agree through TF's coordination service
 training thread only reads local flags until a notice exists, so steady
 state costs nothing (no extra collective).
 
-Protocol (keys under `tfdist/elastic/`):
+Protocol (keys under `tfdist/elastic/<n>/`, n counting the `fit` calls of the
+process, the same on every task):
 
 1. A task that receives the notice sets `stop` (the first writer wins). A
    watcher thread in every task waits on that key and raises a local flag.
@@ -35,7 +36,9 @@ same on every task.
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -44,11 +47,15 @@ from tfdist._internal import coordination
 
 __all__ = ["ClusterAgreement", "LocalAgreement"]
 
-_STOP_KEY = "tfdist/elastic/stop"
-_AT_KEY = "tfdist/elastic/at/{task}"
-#: How often the watcher reads the stop key. A read does not wait: TF's
-#: blocking read holds the interpreter lock while it waits.
-_POLL_S = 0.25
+_STOP_KEY = "tfdist/elastic/{fit}/stop"
+_AT_KEY = "tfdist/elastic/{fit}/at/{task}"
+#: How long the watcher's read of the stop key waits (it returns as soon as
+#: the key is set; TF's read releases the interpreter lock while it waits).
+_WATCH_S = 1.0
+#: How long a read of a peer's report waits. A read that times out is taken
+#: as "not published yet": it must outlast the service's round trip, or a
+#: published report could be missed (and that task would stop a step late).
+_REPORT_S = 1.0
 
 
 class LocalAgreement:
@@ -78,11 +85,16 @@ class ClusterAgreement:
     Args:
       task: This task's name, "worker:1".
       tasks: Every training task's name.
+      fit_index: Which `fit` of the process this is (0, 1, ...): each has
+        keys of its own, so a notice left over from an earlier `fit` does
+        not stop a later one.
     """
 
-    def __init__(self, task: str, tasks: Sequence[str]) -> None:
+    def __init__(self, task: str, tasks: Sequence[str], *, fit_index: int = 0) -> None:
         self._task = task
         self._tasks = tuple(tasks)
+        self._stop_key = _STOP_KEY.format(fit=fit_index)
+        self._at_key = functools.partial(_AT_KEY.format, fit=fit_index)
         self._remote = threading.Event()
         self._ended = threading.Event()
         self._announced = False
@@ -106,31 +118,34 @@ class ClusterAgreement:
         if requested_here and not self._announced:
             self._announced = True
             try:
-                coordination.set_key(_STOP_KEY, self._task)
+                coordination.set_key(self._stop_key, self._task)
             except tf.errors.AlreadyExistsError:
                 pass  # Another task announced first.
         if not (requested_here or self._remote.is_set()):
             return False
         if not self._published:
             self._published = True
-            coordination.set_key(_AT_KEY.format(task=self._task), str(steps_done))
+            coordination.set_key(self._at_key(task=self._task), str(steps_done))
         if self.stop_step is None:
             for task in self._tasks:
                 if task not in self._reports:
-                    value = coordination.get_key(_AT_KEY.format(task=task), timeout_s=0.01)
+                    value = coordination.get_key(self._at_key(task=task), timeout_s=_REPORT_S)
                     if value is None:
                         return False
                     self._reports[task] = int(value)
             self.stop_step = max(self._reports.values()) + 1
         return steps_done >= self.stop_step
 
-    def check_for_notice(self) -> bool:
-        """Reads the stop key once (what the watcher does); True once a task has announced."""
-        if not self._remote.is_set() and coordination.get_key(_STOP_KEY, timeout_s=0.001) is not None:
+    def check_for_notice(self, timeout_s: float = 0.001) -> bool:
+        """Reads the stop key once, waiting up to `timeout_s`; True once a task has announced."""
+        if not self._remote.is_set() and coordination.get_key(self._stop_key, timeout_s=timeout_s) is not None:
             self._remote.set()
         return self._remote.is_set()
 
     def _watch(self) -> None:
-        while not self._ended.wait(_POLL_S):
-            if self.check_for_notice():
+        while not self._ended.is_set():
+            started = time.monotonic()
+            if self.check_for_notice(_WATCH_S):
                 return
+            if time.monotonic() - started < _WATCH_S / 2:
+                self._ended.wait(_WATCH_S / 4)  # The service answered at once (it is gone).

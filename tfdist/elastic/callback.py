@@ -15,8 +15,9 @@ What one `fit` does with it (every task of the job alike):
    (SIGTERM to any task), stop at the step every task agrees on
    (`agreement`), commit there and raise `errors.TrainingPreempted`, which
    exits the process with status 143. A stop that falls on an epoch's
-   last step waits for the epoch's end (validation and other callbacks
-   run first).
+   last step commits at the epoch's end (after validation) and raises when
+   the next epoch begins, so every callback sees the epoch end; in the
+   last epoch it does not raise (training is complete).
 3. Every epoch end: commit (with `save_freq="epoch"`).
 4. `on_train_end`: remove the SIGTERM handler; delete the backup (unless
    `delete_on_completion=False`), as Keras's `BackupAndRestore` does.
@@ -34,8 +35,8 @@ remaining steps are then not the rest of the interrupted epoch's.
 
 from __future__ import annotations
 
+import itertools
 import os
-import re
 import time
 from typing import Any
 
@@ -77,9 +78,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     Args:
       backup_dir: Directory of the committed state.
-      save_freq: "epoch" (commit at every epoch end), a positive int (also
-        commit every that many steps: what a crash, which sends no notice,
-        loses at most), or None (commit only on a notice).
+      save_freq: "epoch" (commit at every epoch end), a positive int (commit
+        every that many steps, not at epoch ends: what a crash, which sends
+        no notice, loses at most), or None (commit only on a notice).
       delete_on_completion: Whether a `fit` that runs to its end deletes
         `backup_dir`, so that running the script again trains anew.
 
@@ -132,6 +133,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._data_epoch: int | None = None
         self._resume_armed = False
         self._stop_at_epoch_end = False
+        self._preempt_at_epoch_begin = False
         self._ends_resumed_epoch = False
         self._keras3 = True  # Set for the model at each fit's start.
 
@@ -172,6 +174,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             self.model, self.backup_dir, is_writer=is_writer
         )
         self._agreement = _agreement_for(strategy)
+        self._preempt_at_epoch_begin = False
         started = time.monotonic()
         position = self._state.restore()
         if position is not None:
@@ -234,6 +237,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         del logs
+        if self._preempt_at_epoch_begin:
+            self._preempt_at_epoch_begin = False
+            self._preempted(epoch, 0)
         self._epoch = epoch
         self._epoch_begun = False
         self._steps_in_epoch, self._resumed_step = self._resumed_step, 0
@@ -252,7 +258,16 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if self.save_freq == "epoch" or self._stop_at_epoch_end:
             self._commit(epoch + 1, 0)
         if self._stop_at_epoch_end:
-            self._preempted(epoch + 1, 0)
+            self._stop_at_epoch_end = False
+            if epoch + 1 < self.params.get("epochs", epoch + 2):
+                # Raised when the next epoch begins, so that the callbacks
+                # after this one see this epoch's end too.
+                self._preempt_at_epoch_begin = True
+            else:
+                logging.warning(
+                    "tfdist.elastic: a preemption notice came in the last epoch, "
+                    "which has ended: training is complete."
+                )
 
     def on_train_end(self, logs: Any = None) -> None:
         del logs
@@ -323,12 +338,13 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             resume.disarm()
 
 
-def _agreement_for(strategy: Any) -> Any:
-    """A `ClusterAgreement` for tfdist's multi-worker strategy on several tasks; else local.
+#: `fit` calls with an Elastic callback in this process so far: every task
+#: runs the same ones, so the count names each one's agreement keys alike.
+_fits = itertools.count()
 
-    A parameter-server job's chief is the only task that runs `fit`, so it
-    agrees with itself.
-    """
+
+def _agreement_for(strategy: Any) -> Any:
+    """A `ClusterAgreement` for tfdist's multi-worker strategy on several tasks; else local."""
     from tfdist.multi_worker import strategy as multi_worker  # Imports TF's strategies.
 
     if not isinstance(strategy, multi_worker.MultiWorkerMirroredStrategy):
@@ -339,4 +355,4 @@ def _agreement_for(strategy: Any) -> Any:
     tasks = [t.name for t in cluster.tasks() if t.task_type in ("chief", "worker")]
     if len(tasks) < 2 or task.task_type not in ("chief", "worker"):
         return agreement_lib.LocalAgreement()
-    return agreement_lib.ClusterAgreement(task.name, tasks)
+    return agreement_lib.ClusterAgreement(task.name, tasks, fit_index=next(_fits))

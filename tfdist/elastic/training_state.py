@@ -36,6 +36,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist import errors
+
 __all__ = ["Position", "TrainingState"]
 
 _LATEST = "latest"
@@ -81,8 +83,12 @@ class TrainingState:
         self._backup_dir = backup_dir
         self._is_writer = is_writer
         self._model = model
-        self._checkpoint = tf.train.Checkpoint(
-            variables=list(model.variables), optimizer=model.optimizer
+
+    def _checkpoint(self) -> tf.train.Checkpoint:
+        # Made at each use: tf-keras builds a model without an input shape
+        # in its first step, after `fit` has started.
+        return tf.train.Checkpoint(
+            variables=_variables(self._model), optimizer=self._model.optimizer
         )
 
     def commit(self, position: Position) -> None:
@@ -94,7 +100,7 @@ class TrainingState:
         if not self._is_writer:
             scratch = tempfile.mkdtemp(prefix="tfdist-elastic-")
             try:
-                self._checkpoint.write(os.path.join(scratch, _CHECKPOINT))
+                self._checkpoint().write(os.path.join(scratch, _CHECKPOINT))
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             return
@@ -102,7 +108,7 @@ class TrainingState:
         states = self._states()
         name = f"state-{max(states, default=0) + 1}"
         directory = os.path.join(self._backup_dir, name)
-        self._checkpoint.write(os.path.join(directory, _CHECKPOINT))
+        self._checkpoint().write(os.path.join(directory, _CHECKPOINT))
         with open(os.path.join(directory, _POSITION), "w") as f:
             json.dump(dataclasses.asdict(position), f)
         pending = os.path.join(self._backup_dir, f".{_LATEST}-{os.getpid()}")
@@ -117,12 +123,27 @@ class TrainingState:
             )
 
     def restore(self) -> Position | None:
-        """Loads the latest committed state into the model; its position, or None if none."""
+        """Loads the latest committed state into the model; its position, or None if none.
+
+        Raises:
+          ConfigError: If a state is committed but the model has no
+            variables yet (tf-keras builds a model without an input shape
+            only in its first step), or its optimizer cannot be built
+            before that step (a legacy tf-keras optimizer).
+        """
         directory = self.latest_directory()
         if directory is None:
             return None
+        if not _variables(self._model):
+            raise errors.ConfigError(
+                f"cannot restore the training state in {directory!r}: the model "
+                "has no variables yet (tf-keras builds a model without an input "
+                "shape in its first training step). Give it its input shape "
+                "(keras.Input(shape) as its first layer, or model.build(shape)) "
+                "before fit."
+            )
         _build_optimizer(self._model)
-        self._checkpoint.read(os.path.join(directory, _CHECKPOINT)).assert_existing_objects_matched()
+        self._checkpoint().read(os.path.join(directory, _CHECKPOINT)).assert_existing_objects_matched()
         with open(os.path.join(directory, _POSITION)) as f:
             return Position(**json.load(f))
 
@@ -148,6 +169,14 @@ class TrainingState:
         return [int(m.group(1)) for n in names if (m := _STATE_DIR.fullmatch(n))]
 
 
+def _variables(model: Any) -> list[Any]:
+    """The model's variables; none while a tf-keras model is unbuilt (it raises then)."""
+    try:
+        return list(model.variables)
+    except ValueError:
+        return []
+
+
 def _build_optimizer(model: Any) -> None:
     """Creates the optimizer's variables now, so that a restore fills them.
 
@@ -159,5 +188,12 @@ def _build_optimizer(model: Any) -> None:
     # Keras 3 says `built`, tf-keras `_built`.
     if getattr(optimizer, "built", False) or getattr(optimizer, "_built", False):
         return
+    if not callable(getattr(optimizer, "build", None)):
+        raise errors.ConfigError(
+            f"cannot restore the state of optimizer {type(optimizer).__name__}: "
+            "its slots are made in the first training step, too late to be "
+            "restored (a legacy tf-keras optimizer). Use tf.keras.optimizers "
+            "(not .legacy) or Keras 3's optimizers."
+        )
     with model.distribute_strategy.scope():
         optimizer.build(model.trainable_variables)

@@ -25,7 +25,8 @@ Elastic multi-worker jobs (`min_workers` below `shape.num_workers`, or a
     the slots file changed               min(slots, MAX) workers; no restart
                                          used (the tasks were stopped with
                                          SIGTERM, and saved at a step)
-    a worker was lost (crashed, killed)  one worker fewer; a restart used
+    a worker was lost (killed by a       one worker fewer (with a slots file:
+      signal)                            min(slots, MAX)); a restart used
     fewer than min_workers left          the job fails, naming the lost task
 
 Each change is logged (`membership: 3 -> 2 worker(s) ...`) with what caused
@@ -202,8 +203,14 @@ def run_local_job(
     num_workers = shape.num_workers
     if slots_file is not None:
         slots = membership.read_slots(slots_file)
+        if slots is not None and slots < workers.minimum:
+            raise errors.LauncherError(
+                f"the slots file {slots_file!r} grants {slots} worker(s), fewer "
+                f"than the {workers.minimum} the job needs (--workers {workers}). "
+                "Start it once the file grants enough, or lower MIN."
+            )
         if slots is not None:
-            num_workers = max(min(slots, workers.maximum), workers.minimum)
+            num_workers = min(slots, workers.maximum)
     change: _Change | None = None
     with contextlib.ExitStack() as stack:
         if forward_signals:
@@ -302,12 +309,18 @@ def run_local_job(
                 workers.is_elastic
                 and failed is not None
                 and failed.task.task_type == "worker"
-                and failed.exit_code != errors.PREEMPTED_EXIT_CODE
+                and _is_lost(failed.exit_code)
             ):
                 lost = f"task {failed.task.name} {failed.describe()}"
-                if num_workers - 1 < workers.minimum:
+                target = num_workers - 1
+                if slots_file is not None:
+                    # The slots file, not the loss, says what the machine has.
+                    granted = membership.read_slots(slots_file)
+                    if granted is not None:
+                        target = min(granted, workers.maximum)
+                if target < workers.minimum:
                     log(
-                        f"membership: {lost}, leaving {num_workers - 1} "
+                        f"membership: {lost}, leaving {target} "
                         f"worker(s), fewer than the {workers.minimum} the job "
                         f"needs (--workers {workers}); failing the job."
                     )
@@ -317,11 +330,11 @@ def run_local_job(
                 attempt += 1
                 change = _Change(num_workers, lost, ended_s)
                 log(
-                    f"membership: {num_workers} -> {num_workers - 1} worker(s): "
+                    f"membership: {num_workers} -> {target} worker(s): "
                     f"{lost} (restart {attempt}/{restarts}); resuming from the "
                     "last committed state."
                 )
-                num_workers -= 1
+                num_workers = target
                 continue
             if attempt >= restarts:
                 return result
@@ -330,6 +343,11 @@ def run_local_job(
                 f"restart {attempt}/{restarts}: {result.describe()} "
                 f"Relaunching all {cluster.num_tasks} task(s) on fresh ports."
             )
+
+
+def _is_lost(exit_code: int) -> bool:
+    """Whether an exit looks like a lost worker (killed by a signal), not a script's error."""
+    return exit_code < 0 or (exit_code > 128 and exit_code != errors.PREEMPTED_EXIT_CODE)
 
 
 @dataclasses.dataclass(frozen=True)

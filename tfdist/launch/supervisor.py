@@ -363,14 +363,22 @@ class LocalJob:
         output: output_lib.TaskOutput,
     ) -> _Decision:
         primary = [t for t in tasks if job.is_primary(t.task)] or tasks
+        # A task that exited 143 saved its state at a step (tfdist.elastic);
+        # its peers are saving at the same step: they get the grace period
+        # to finish before being stopped, so a slower chief is not killed
+        # in the middle of writing the checkpoint.
+        preempted: spec.TaskSpec | None = None
+        preempted_until_s = float("inf")
         while True:
-            wait_s = _MAX_WAIT_SLICE_S
+            wait_s = min(_MAX_WAIT_SLICE_S, preempted_until_s - time.monotonic())
             if deadline_s is not None:
                 wait_s = min(wait_s, deadline_s - time.monotonic())
-                if wait_s <= 0:
+                if deadline_s - time.monotonic() <= 0:
                     return job.JobOutcome.TIMED_OUT, None, None
+            if preempted is not None and wait_s <= 0:
+                return job.JobOutcome.FAILED, preempted, None
             try:
-                kind, index, value = self._events.get(timeout=wait_s)
+                kind, index, value = self._events.get(timeout=max(wait_s, 0.0))
             except queue.Empty:
                 continue
             if kind == "stop":
@@ -381,9 +389,17 @@ class LocalJob:
                 decision = self._on_parameter_server_exit(task, output)
                 if decision is not None:
                     return decision
+            elif value == errors.PREEMPTED_EXIT_CODE:
+                if preempted is None:
+                    preempted = task.task
+                    preempted_until_s = time.monotonic() + self._grace_period_s
+                if all(not t.is_running for t in primary):
+                    return job.JobOutcome.FAILED, preempted, None
             elif value != 0:
-                return job.JobOutcome.FAILED, task.task, None
+                return job.JobOutcome.FAILED, preempted or task.task, None
             elif all(not t.is_running for t in primary):
+                if preempted is not None:
+                    return job.JobOutcome.FAILED, preempted, None
                 return job.JobOutcome.SUCCEEDED, None, None
 
     def _on_parameter_server_exit(

@@ -52,7 +52,7 @@ def _run(tasks, notices, *, watch_delays, steps=40):
                 requested = step >= notices.get(task, steps + 1)
                 if agreements[task].should_stop(step, requested):
                     stopped[task] = step
-                if announced_at is None and agreement_lib._STOP_KEY in store.values:
+                if announced_at is None and agreement_lib._STOP_KEY.format(fit=0) in store.values:
                     announced_at = step
             if stopped:
                 # A task that stopped leaves the others unable to finish
@@ -75,6 +75,15 @@ class ClusterAgreementTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(stopped, len(self.TASKS))
         self.assertLen(set(stopped.values()), 1, stopped)
         self.assertGreaterEqual(min(stopped.values()), min(notices.values()))
+
+    def test_a_later_fit_does_not_see_an_earlier_fits_notice(self):
+        store = _Store()
+        with mock.patch.object(agreement_lib, "coordination", store):
+            first = agreement_lib.ClusterAgreement("worker:0", self.TASKS, fit_index=0)
+            first.should_stop(3, True)  # Announced and published in fit 0.
+            second = agreement_lib.ClusterAgreement("worker:0", self.TASKS, fit_index=1)
+            self.assertFalse(second.check_for_notice())
+            self.assertFalse(second.should_stop(3, False))
 
     def test_without_a_notice_no_task_stops(self):
         self.assertEqual(_run(self.TASKS, {}, watch_delays=dict.fromkeys(self.TASKS, 0)), {})

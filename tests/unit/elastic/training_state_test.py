@@ -44,6 +44,17 @@ class TrainingStateTest(tf.test.TestCase):
         for a, b in zip(_optimizer_values(trained), _optimizer_values(fresh)):
             self.assertAllEqual(a, b)  # Iterations and momentums.
 
+    def test_restoring_into_a_model_without_variables_raises_config_error(self):
+        backup = self.create_tempdir().full_path
+        training_state.TrainingState(_trained_model(), backup, is_writer=True).commit(
+            training_state.Position(epoch=1, step=2)
+        )
+        keras = tf.keras
+        unbuilt = keras.Sequential([keras.layers.Dense(3)])  # No input shape yet.
+        unbuilt.compile(keras.optimizers.SGD(0.1), "mse")
+        with self.assertRaisesRegex(tfdist.errors.ConfigError, "has no variables yet.*keras.Input"):
+            training_state.TrainingState(unbuilt, backup, is_writer=True).restore()
+
     def test_nothing_committed_restores_nothing(self):
         state = training_state.TrainingState(
             _trained_model(), self.create_tempdir().full_path, is_writer=True

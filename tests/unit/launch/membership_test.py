@@ -129,6 +129,16 @@ class ElasticJobTest(absltest.TestCase):
         self.assertIn("membership: task worker:1 was preempted (saved at a step, exit 143); "
                       "relaunching 2 worker(s)", log)
 
+    def test_the_peers_of_a_preempted_task_may_finish_their_save_before_being_stopped(self):
+        # worker:1 (the chief, saving longer) exits 143 a second after
+        # worker:0 did: it is not signalled meanwhile.
+        out = self.create_tempdir().full_path
+        body = _SAVE_ON_SIGTERM + "time.sleep(1.0 if name == 'worker:0' else 0.0)\nos._exit(143)\n"
+        result, _ = _run(body, membership.WorkerRange(2, 2), out)
+        self.assertEqual(result.outcome, job.JobOutcome.FAILED)
+        self.assertEqual([r.exit_code for r in result.tasks], [143, 143])
+        self.assertEqual([r.was_stopped for r in result.tasks], [False, False])
+
     def test_without_a_range_a_preempted_task_fails_the_job_as_before(self):
         out = self.create_tempdir().full_path
         result, _ = _run("os._exit(143)\n", membership.WorkerRange(2, 2), out, restarts=0)
@@ -186,6 +196,28 @@ class ElasticJobTest(absltest.TestCase):
         self.assertEqual(result.outcome, job.JobOutcome.FAILED)
         self.assertIn("the slots file grants 1 worker(s), fewer than the 2 the job needs", log)
         self.assertEqual({r.exit_code for r in result.tasks}, {143})
+
+    def test_slots_below_the_minimum_at_the_start_raise_launcher_error(self):
+        out = self.create_tempdir().full_path
+        slots = os.path.join(out, "slots")
+        with open(slots, "w") as f:
+            f.write("1")
+        with self.assertRaisesRegex(errors.LauncherError, r"grants 1 worker\(s\), fewer than the 2"):
+            _run("pass\n", membership.WorkerRange(2, 3), out, slots_file=slots)
+
+    def test_a_script_error_is_restarted_on_as_many_workers_not_taken_for_a_loss(self):
+        out = self.create_tempdir().full_path
+        body = (
+            "if first and name == 'worker:2':\n"
+            "    open(os.path.join(out, 'done'), 'w').close()\n"
+            "    sys.exit(3)\n"
+            "if first:\n"
+            "    time.sleep(60)\n"
+        )
+        result, log = _run(body, membership.WorkerRange(2, 3), out, restarts=1)
+        self.assertTrue(result.succeeded, log)
+        self.assertEqual(_attempts(out), [3])
+        self.assertIn("restart 1/1: task worker:2 exited with code 3", log)
 
     def test_a_parameter_server_job_refuses_a_range(self):
         with self.assertRaisesRegex(errors.LauncherError, r"num_ps=1.*--workers 1:2.*--worker-restarts"):
