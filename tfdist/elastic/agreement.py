@@ -43,11 +43,13 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfdist import errors
 from tfdist._internal import coordination
 
 __all__ = ["ClusterAgreement", "LocalAgreement"]
 
 _STOP_KEY = "tfdist/elastic/{fit}/stop"
+_RESTORED_KEY = "tfdist/elastic/{fit}/restored"
 _AT_KEY = "tfdist/elastic/{fit}/at/{task}"
 #: How long the watcher's read of the stop key waits (it returns as soon as
 #: the key is set; TF's read releases the interpreter lock while it waits).
@@ -63,6 +65,10 @@ class LocalAgreement:
 
     def start(self) -> None:
         """Nothing to start."""
+
+    def check_same_state(self, state: str, *, is_writer: bool, timeout_s: float) -> None:
+        """Nothing to compare with."""
+        del state, is_writer, timeout_s
 
     def stop(self) -> None:
         """Nothing to stop."""
@@ -94,6 +100,7 @@ class ClusterAgreement:
         self._task = task
         self._tasks = tuple(tasks)
         self._stop_key = _STOP_KEY.format(fit=fit_index)
+        self._restored_key = _RESTORED_KEY.format(fit=fit_index)
         self._at_key = functools.partial(_AT_KEY.format, fit=fit_index)
         self._remote = threading.Event()
         self._ended = threading.Event()
@@ -108,6 +115,35 @@ class ClusterAgreement:
     def start(self) -> None:
         """Starts the watcher thread."""
         self._watcher.start()
+
+    def check_same_state(self, state: str, *, is_writer: bool, timeout_s: float) -> None:
+        """Checks that this task restored the state the writer (chief) restored.
+
+        Every task calls it after restoring, with the committed state's name
+        ("" for none). The writer publishes its name; every other task waits
+        for it (at most `timeout_s`) and compares.
+
+        Raises:
+          ConfigError: If this task found another state: `backup_dir` is
+            not storage every task shares (a local path on each machine).
+          CollectiveTimeoutError: If the writer published nothing in time.
+        """
+        if is_writer:
+            coordination.set_key(self._restored_key, state)
+            return
+        theirs = coordination.get_key(self._restored_key, timeout_s=timeout_s)
+        if theirs is None:
+            raise errors.CollectiveTimeoutError(
+                f"task {self._task} waited {timeout_s:g} s for the chief to say which "
+                "training state it restored; it did not. Check the chief's output.",
+            )
+        if theirs != state:
+            raise errors.ConfigError(
+                f"task {self._task} found the training state {state or 'none'!r} in "
+                f"backup_dir, the chief {theirs or 'none'!r}: every task must read the "
+                "same backup_dir (storage all tasks share, such as a network file "
+                "system or a volume every pod mounts). Pass such a path."
+            )
 
     def stop(self) -> None:
         """Ends the watcher thread (within about a second)."""

@@ -63,7 +63,8 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     Contract:
       - `backup_dir` is readable by every task and written by the chief
         only (the `chief` task, else `worker:0`; the only process of a
-        one-process strategy).
+        one-process strategy). Every task checks at `fit`'s start that it
+        found the state the chief found (`ConfigError` if not).
       - Resuming mid-epoch needs the training input to be a dataset (or
         arrays) given to `fit` under a tfdist strategy, which starts its
         pass at the saved step; otherwise `fit` raises `ConfigError` at
@@ -177,6 +178,12 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._preempt_at_epoch_begin = False
         started = time.monotonic()
         position = self._state.restore()
+        latest = self._state.latest_directory()
+        self._agreement.check_same_state(
+            os.path.basename(latest) if latest else "",
+            is_writer=is_writer,
+            timeout_s=float(getattr(strategy, "timeout_s", 300.0)),
+        )
         if position is not None:
             self._resume(position, time.monotonic() - started)
         self._notice.install()

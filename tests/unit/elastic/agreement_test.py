@@ -13,6 +13,8 @@ from unittest import mock
 import tensorflow as tf
 from absl.testing import parameterized
 
+import tfdist
+
 from tfdist.elastic import agreement as agreement_lib
 
 
@@ -84,6 +86,27 @@ class ClusterAgreementTest(tf.test.TestCase, parameterized.TestCase):
             second = agreement_lib.ClusterAgreement("worker:0", self.TASKS, fit_index=1)
             self.assertFalse(second.check_for_notice())
             self.assertFalse(second.should_stop(3, False))
+
+    def test_tasks_that_restored_different_states_raise_config_error(self):
+        store = _Store()
+        with mock.patch.object(agreement_lib, "coordination", store):
+            chief = agreement_lib.ClusterAgreement("worker:0", self.TASKS)
+            other = agreement_lib.ClusterAgreement("worker:1", self.TASKS)
+            chief.check_same_state("state-7", is_writer=True, timeout_s=1)
+            other.check_same_state("state-7", is_writer=False, timeout_s=1)
+            with self.assertRaisesRegex(
+                tfdist.errors.ConfigError, r"worker:2 found the training state 'none'.*the chief 'state-7'"
+            ):
+                agreement_lib.ClusterAgreement("worker:2", self.TASKS).check_same_state(
+                    "", is_writer=False, timeout_s=1
+                )
+
+    def test_a_chief_that_says_nothing_ends_in_a_timeout_error(self):
+        with mock.patch.object(agreement_lib, "coordination", _Store()):
+            with self.assertRaisesRegex(tfdist.errors.CollectiveTimeoutError, "waited 2 s for the chief"):
+                agreement_lib.ClusterAgreement("worker:1", self.TASKS).check_same_state(
+                    "", is_writer=False, timeout_s=2
+                )
 
     def test_without_a_notice_no_task_stops(self):
         self.assertEqual(_run(self.TASKS, {}, watch_delays=dict.fromkeys(self.TASKS, 0)), {})
