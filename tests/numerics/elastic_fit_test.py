@@ -172,6 +172,38 @@ class ElasticAfterAFailedFitTest(tf.test.TestCase):
         self.assertFalse(elastic.preemption_requested)
 
 
+class ElasticAfterAFailedResumeTest(tf.test.TestCase):
+    def test_a_resumed_fit_that_raised_leaves_the_next_fit_starting_where_it_is_told(self):
+        backup = os.path.join(self.create_tempdir().full_path, "backup")
+        elastic = tfdist.elastic.Elastic(backup, save_freq=None)
+        _, preempted = _fit(_strategy("mirrored", False), [elastic, _NoticeAt(elastic, False)])
+        self.assertIsNotNone(preempted)
+
+        class Fail(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                raise RuntimeError("the resumed fit failed")
+
+        strategy = _strategy("mirrored", False)
+        with strategy.scope():
+            model = job.build_model()
+        x, y = job.data()
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(job.GLOBAL_BATCH_SIZE)
+        with self.assertRaisesRegex(RuntimeError, "the resumed fit failed"):
+            model.fit(dataset, epochs=job.EPOCHS, verbose=0,
+                      callbacks=[tfdist.elastic.Elastic(backup), Fail()])
+        # A new backup: nothing to resume, so every epoch from 0 trains, in full.
+        fresh = tfdist.elastic.Elastic(os.path.join(self.create_tempdir().full_path, "other"))
+        steps = []
+
+        class Count(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                steps.append(batch)
+
+        history = model.fit(dataset, epochs=job.EPOCHS, verbose=0, callbacks=[fresh, Count()])
+        self.assertEqual(history.epoch, list(range(job.EPOCHS)))
+        self.assertLen(steps, job.EPOCHS * job.STEPS_PER_EPOCH)
+
+
 class ElasticArgumentsTest(tf.test.TestCase, parameterized.TestCase):
     @parameterized.named_parameters(
         dict(testcase_name="save_freq_zero", kwargs={"save_freq": 0}, pattern="save_freq=0"),

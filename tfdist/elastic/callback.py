@@ -176,6 +176,10 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         )
         self._agreement = _agreement_for(strategy)
         self._preempt_at_epoch_begin = False
+        # What an earlier fit that raised left behind (Keras then ends no
+        # callback): its start position on the model, an unused resume point.
+        keras_compat.clear_fit_start(self.model)
+        resume.disarm()
         started = time.monotonic()
         position = self._state.restore()
         latest = self._state.latest_directory()
