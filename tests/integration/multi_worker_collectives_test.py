@@ -3,15 +3,15 @@
 Counted by the strategy's own collective clock (`tfdist/watchdog/clock.py`,
 which brackets every collective TF's launchers create), read after each
 step of an 8-step `fit` on 2 workers (a callback; the read waits for the
-step), so each difference is one step's collectives. Today: the gradients'
-(one per bucket: the test model's fit in one), and those of the values
-Keras reduces for its logs: Keras 3's are packed into one by tfdist;
-tf-keras's step runs six more (measured on this test model, whose logs are
-its loss and accuracy; which value each one reduces is not yet traced).
+step), so each difference is one step's collectives: the gradients' buckets
+only (the test model's fit in one), under both front ends. The values Keras
+reduces for its logs ride in a bucket (`tfdist/multi_worker/fused_step.py`);
+as Keras writes the step they took one more collective under Keras 3
+(tfdist packs its logged values) and six more under tf-keras (its loss and
+accuracy metrics' total and count, then each logged result).
 
-The aim is one collective per step under both front ends (the logged
-values riding with the gradients' last bucket); this test pins today's
-count, so that the change shows and a step that gains a collective fails.
+With compression the logged values still ride, bit for bit: the riders'
+own test sums values that float16 cannot hold.
 """
 
 from __future__ import annotations
@@ -19,22 +19,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl.testing import absltest
+from absl.testing import parameterized
 
 import tfdist
-from tests.front_end import KERAS_3
 from tfdist.testing import run_local_cluster
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
 
 GRADIENT_BUCKETS = 1  # small_classifier's gradients: a few hundred bytes, one bucket.
-LOG_COLLECTIVES = 1 if KERAS_3 else 6
+LOG_COLLECTIVES = 0  # Unfused: 1 under Keras 3, 6 under tf-keras.
 
 
-def collectives_per_step() -> list[int]:
-    """In each task: the collectives started by each training step of `fit` after the first."""
+def collectives_per_step(compression: str | None) -> dict[str, object]:
+    """In each task: the collectives of each step of `fit` after the first, and its logs."""
     keras = tf.keras
-    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60)
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60, compression=compression)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(640, 8)).astype("float32")
     y = rng.integers(0, 3, 640).astype("int32")
@@ -44,16 +43,54 @@ def collectives_per_step() -> list[int]:
     clock = strategy._watchdog._clock  # noqa: SLF001 - the strategy's own count.
     seen = []
     record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(clock.counts()[0]))
-    model.fit(dataset, epochs=1, steps_per_epoch=8, verbose=0, callbacks=[record])
-    return [b - a for a, b in zip(seen, seen[1:])]
+    history = model.fit(dataset, epochs=1, steps_per_epoch=8, verbose=0, callbacks=[record])
+    return {
+        "per_step": [b - a for a, b in zip(seen, seen[1:])],
+        "logs": {k: v[-1] for k, v in history.history.items()},
+    }
 
 
-class CollectivesPerStepTest(absltest.TestCase):
+def riders_summed(compression: str | None) -> list[np.ndarray]:
+    """In each task: float32 riders that float16 and bfloat16 cannot hold, summed beside a gradient."""
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60, compression=compression)
+    task = strategy.cluster_config.worker_index
+    gradient = tf.fill([64], 0.5 + task)
+    riders = [tf.constant(1 + 2.0 ** -20 + task, tf.float32), tf.constant([1e-8, 70000.5 * (task + 1)], tf.float32)]
 
-    def test_a_step_runs_the_gradient_buckets_and_the_logs_collectives(self):
-        counts = run_local_cluster(collectives_per_step, num_workers=2, timeout_s=150)
-        for per_step in counts:
-            self.assertEqual(per_step, [GRADIENT_BUCKETS + LOG_COLLECTIVES] * 7)
+    @tf.function
+    def step():
+        def replica_fn():
+            def merge(strategy, gradient, *riders):
+                return strategy.cross_device_ops.batch_reduce_with_riders([gradient], list(riders))
+            return tf.distribute.get_replica_context().merge_call(merge, args=(gradient, *riders))
+        return strategy.run(replica_fn)
+
+    (summed_gradient,), sums = step()
+    return [summed_gradient.numpy()] + [s.numpy() for s in sums]
+
+
+class CollectivesPerStepTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(("plain", None), ("fp16", "fp16"))
+    def test_a_step_runs_the_gradient_buckets_only(self, compression):
+        results = run_local_cluster(
+            collectives_per_step, num_workers=2, args=(compression,), timeout_s=150
+        )
+        for result in results:
+            self.assertEqual(result["per_step"], [GRADIENT_BUCKETS + LOG_COLLECTIVES] * 7)
+        self.assertEqual(results[0]["logs"], results[1]["logs"])
+
+    @parameterized.named_parameters(("plain", None), ("fp16", "fp16"), ("bf16", "bf16"))
+    def test_riders_are_summed_exactly_beside_the_gradients(self, compression):
+        results = run_local_cluster(riders_summed, num_workers=2, args=(compression,), timeout_s=150)
+        expected = [
+            np.full([64], 2.0, np.float32),  # 0.5 + 1.5: exact in every wire dtype.
+            np.float32(1 + 2.0 ** -20) + np.float32(2 + 2.0 ** -20),
+            np.array([2e-8, 70000.5 * 3], np.float32),
+        ]
+        for result in results:
+            for got, want in zip(result, expected):
+                np.testing.assert_array_equal(got, want)
 
 
 if __name__ == "__main__":

@@ -198,6 +198,12 @@ def train_more(use_strategy: bool, checkpoint_dir: str | None = None) -> dict[st
     positions.fit(position_x, position_y, batch_size=position.GLOBAL_BATCH_SIZE, epochs=2,
                   shuffle=False, verbose=0)
     results["position_embedding"] = positions.get_weights()
+    # Clipped by norm: one device clips the whole batch's gradient. (Keras 3
+    # clips before its own sum over the replicas; tfdist sums first.)
+    with strategy.scope():
+        clipped = tfdist.testing.small_classifier(keras.optimizers.SGD(0.5, clipnorm=0.05))
+    clipped.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0)
+    results["clipnorm"] = clipped.get_weights()
     if use_strategy:
         task = strategy.cluster_config.worker_index
 
@@ -215,7 +221,7 @@ def train_more(use_strategy: bool, checkpoint_dir: str | None = None) -> dict[st
 
 class MultiWorkerReadmeClaimsTest(tf.test.TestCase):
     """Sparse gradients (a position embedding's with Adam too), sync batch norm, gather,
-    chief-only ModelCheckpoint, bucket_bytes=None."""
+    chief-only ModelCheckpoint, bucket_bytes=None, clipnorm."""
 
     @classmethod
     def setUpClass(cls):
@@ -239,6 +245,9 @@ class MultiWorkerReadmeClaimsTest(tf.test.TestCase):
         for worker in self.workers:
             for a, b in zip(worker["position_embedding"], self.reference["position_embedding"]):
                 self.assertAllClose(a, b, rtol=position.RTOL, atol=position.ATOL)
+
+    def test_clipnorm_clips_the_global_gradient_as_one_device(self):
+        self._assert_matches_reference("clipnorm")
 
     def test_sync_batch_norm_matches_single_process(self):
         self._assert_matches_reference("sync_batch_norm")

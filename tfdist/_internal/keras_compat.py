@@ -52,6 +52,7 @@ __all__ = [
     "GradientIntercept",
     "clear_fit_start",
     "KerasStep",
+    "gradient_aggregation_skipped",
     "gradient_updates_intercepted",
     "gradients_scaled",
     "is_bound_step",
@@ -477,3 +478,55 @@ def gradient_updates_intercepted(optimizer: Any, intercept: GradientIntercept) -
 
     with replaced_attribute(optimizer, "apply_gradients", apply_gradients):
         yield
+
+
+#: Each front end's method that sums gradients over the replicas before an
+#: update: Keras 3's TF optimizers, tf-keras's optimizers, tf-keras's legacy
+#: (OptimizerV2) ones.
+_AGGREGATION_METHODS = ("_all_reduce_sum_gradients", "aggregate_gradients", "_aggregate_gradients")
+#: Where a wrapping optimizer (a LossScaleOptimizer) keeps the one it wraps.
+_INNER_OPTIMIZERS = ("inner_optimizer", "_optimizer")
+
+
+@contextlib.contextmanager
+def gradient_aggregation_skipped(optimizer: Any, skip: Callable[[], bool]) -> Iterator[None]:
+    """Inside, while `skip()` is true, `optimizer` applies gradients as given (already summed).
+
+    Keras 3 sums a replica's gradients over the replicas in
+    `_all_reduce_sum_gradients`, tf-keras in `aggregate_gradients`
+    (`_aggregate_gradients` for legacy optimizers), each called by the
+    optimizer that applies them (the inner one of a LossScaleOptimizer).
+    For the block, each is replaced on the instance, for the optimizer and
+    those it wraps, by one that returns the gradients unchanged when
+    `skip()` is true and sums them as before otherwise. Enter in
+    cross-replica context; `skip` decides per call (per replica thread).
+    """
+    with contextlib.ExitStack() as stack:
+        seen: set[int] = set()
+        current = optimizer
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            for name in _AGGREGATION_METHODS:
+                original = getattr(current, name, None)
+                if callable(original):
+                    stack.enter_context(
+                        replaced_attribute(current, name, _skippable(original, skip))
+                    )
+            current = next(
+                (
+                    inner
+                    for inner in (getattr(current, n, None) for n in _INNER_OPTIMIZERS)
+                    if inner is not None and hasattr(inner, "apply_gradients")
+                ),
+                None,
+            )
+        yield
+
+
+def _skippable(aggregate: Callable[..., Any], skip: Callable[[], bool]) -> Callable[..., Any]:
+    def aggregate_unless_skipped(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        if skip():
+            return list(grads_and_vars)
+        return aggregate(grads_and_vars, *args, **kwargs)
+
+    return aggregate_unless_skipped

@@ -41,6 +41,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist._internal import cross_device
+from tfdist._internal import input_values
 from tfdist.collectives import sparse_rows
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
@@ -87,6 +88,7 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         _, self._bucket_bytes, self._compression = cross_device_ops.check_options(
             algorithm, bucket_bytes, compression
         )
+        self._tf_options = options
         self._local = cross_device_ops.AllReduce(algorithm, bucket_bytes=None)
         self._local_devices = cross_device.canonical_devices(devices)
         self._num_workers = num_workers
@@ -138,7 +140,54 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
             reduce_op, [p for p, f in zip(pairs, fast) if not f], options))
         return [next(dense) if f else next(other) for f in fast]
 
+    def batch_reduce_with_riders(
+        self, values: Sequence[Any], riders: Sequence[Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """SUMs of `values` (a step's gradients) and of `riders`, riders in the same collectives.
+
+        As `batch_reduce(SUM, ...)` of `values`, each to its own devices; and
+        each rider (a float32 value, such as a logged scalar) summed exactly
+        over every replica of every worker, carried in the first float32
+        gradient bucket: added by its all-reduce, or, with compression, its
+        bits gathered beside the compressed gradients and summed in float32
+        (never rounded to the wire dtype). The riders cost a collective of
+        their own only when no float32 gradient takes the bucketed path.
+
+        Contract: called in cross-replica context (a `merge_call` of every
+        local replica), identically on every worker, like `batch_reduce`.
+
+        Args:
+          values: Per-replica values (or tensors, with one local device).
+          riders: Per-replica float32 tensors (or tensors) of static shape.
+
+        Returns:
+          (reduced values, reduced riders), each as `Mirrored` on the local
+          devices (plain tensors with one local device).
+        """
+        pairs = [(value, value) for value in map(self._per_replica, values)]
+        rider_values = [self._per_replica(r) for r in riders]
+        fast = [self._takes_fast_path([pair]) for pair in pairs]
+        dense_pairs = [p for p, f in zip(pairs, fast) if f]
+        if rider_values:
+            dense, reduced_riders = self._batch_reduce_dense(
+                tf.distribute.ReduceOp.SUM, dense_pairs, self._tf_options, rider_values
+            )
+        else:
+            dense, reduced_riders = self._batch_reduce_dense(
+                tf.distribute.ReduceOp.SUM, dense_pairs, self._tf_options
+            ), []
+        other = iter(super().batch_reduce_implementation(
+            tf.distribute.ReduceOp.SUM, [p for p, f in zip(pairs, fast) if not f], self._tf_options
+        ) if not all(fast) else ())
+        dense_iter = iter(dense)
+        return [next(dense_iter) if f else next(other) for f in fast], reduced_riders
+
     # -- implementation ------------------------------------------------------
+
+    def _per_replica(self, value: Any) -> Any:
+        if cross_device.is_distributed_value(value):
+            return value
+        return input_values.per_replica((value,))
 
     def _takes_fast_path(self, pairs: list[tuple[Any, Any]]) -> bool:
         devices = cross_device_ops.common_all_reduce_devices(pairs)
@@ -156,8 +205,17 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         return True
 
     def _batch_reduce_dense(
-        self, reduce_op: Any, pairs: list[tuple[Any, Any]], options: Any
-    ) -> list[Any]:
+        self,
+        reduce_op: Any,
+        pairs: list[tuple[Any, Any]],
+        options: Any,
+        riders: Sequence[Any] = (),
+    ) -> Any:
+        """The fast path's reduction of `pairs`; with `riders`, also their sums.
+
+        Returns the reduced values (one `Mirrored` each) or, when `riders`
+        is given, (reduced values, reduced riders).
+        """
         reduce_op = cross_device_ops.as_reduce_op(reduce_op)
         devices = list(self._local_devices)
         # Sparse values here are aligned (`_takes_fast_path`): every worker
@@ -178,22 +236,39 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         planned = _packing.plan_buckets(
             [shapes[k] for k in order], [dtypes[k] for k in order], self._bucket_bytes
         )
+        # Riders (float32, summed) ride in the first float32 bucket.
+        rider_flats = _rider_flats(riders, devices)
+        rider_sums: list[tf.Tensor] | None = None
         for bucket in (_packing.reindex(b, order) for b in planned):
             flats = [
                 _packing.pack([per_value[k][d] for k in range(len(per_value))], bucket, device)
                 for d, device in enumerate(devices)
             ]
-            reduced = self._reduce_bucket(reduce_op, flats, devices, options)
+            carried = None
+            if rider_flats is not None and rider_sums is None and bucket.dtype == tf.float32:
+                carried = rider_flats
+            reduced, carried_sums = self._reduce_bucket(
+                reduce_op, flats, devices, options, carried
+            )
+            if carried is not None:
+                rider_sums = carried_sums
             for d, device in enumerate(devices):
                 for k, piece in zip(bucket.indices, _packing.unpack(reduced[d], bucket, device)):
                     results[k][d] = piece
+        if rider_flats is not None and rider_sums is None:
+            # No float32 gradient bucket to ride in: a collective of their own.
+            rider_sums = self._reduce_exact(rider_flats, devices, options)
         for k, (value, _) in enumerate(pairs):
             if isinstance(value.values[0], tf.IndexedSlices):
                 results[k] = [
                     tf.IndexedSlices(piece, c.indices, c.dense_shape)
                     for piece, c in zip(results[k], value.values)
                 ]
-        return [cross_device.make_mirrored(result) for result in results]
+        mirrored = [cross_device.make_mirrored(result) for result in results]
+        if not riders:
+            return mirrored
+        assert rider_sums is not None
+        return mirrored, _rider_results(riders, rider_sums, devices)
 
     def _reduce_bucket(
         self,
@@ -201,41 +276,117 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         flats: list[tf.Tensor],
         devices: list[str],
         options: Any,
-    ) -> list[tf.Tensor]:
-        """Steps 1-3 of the module docstring for one flat bucket."""
+        riders: list[tf.Tensor] | None = None,
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor] | None]:
+        """Steps 1-3 of the module docstring for one flat bucket (and its riders).
+
+        `riders` (one float32 flat per device, or None) are summed exactly
+        beside the bucket; MEAN divides the bucket only. Returns the
+        bucket's result and the riders' sums (None without riders), one
+        tensor per device.
+        """
+        size = flats[0].shape[0]
+        if riders is not None:
+            flats = [tf.concat([f, r], 0) for f, r in zip(flats, riders)]
         if len(devices) > 1:
             local = self._local.reduce_flat(tf.distribute.ReduceOp.SUM, flats, devices)[0]
         else:
             local = flats[0]
         first = devices[0]
         wire = self._compression.wire_dtype
+        rider_total = None
         with tf.device(first):
             if wire is None or local.dtype.size <= wire.size:
                 total = cross_device.collective_all_reduce(self._cross, local, options)
+                if riders is not None:
+                    total, rider_total = total[:size], total[size:]
             else:
-                gathered = _all_gather_as(wire, self._cross, local, options)
-                total = tf.reduce_sum(
-                    tf.reshape(tf.cast(gathered, local.dtype), [self._num_workers, -1]),
-                    axis=0,
+                values, exact = (local, None) if riders is None else (local[:size], local[size:])
+                total, rider_total = _gathered_sum(
+                    wire, self._cross, values, exact, self._num_workers, options
                 )
             if reduce_op == tf.distribute.ReduceOp.MEAN:
                 total = total / tf.cast(
                     self._num_workers * len(self._local_devices), total.dtype
                 )
-        return [total] + [_algorithms.send(total, first, d, None) for d in devices[1:]]
-
-
-def _all_gather_as(wire: tf.DType, ops: Any, value: tf.Tensor, options: Any) -> tf.Tensor:
-    """All-gathers `value` rounded to `wire`, as `wire` values.
-
-    TF's CollectiveGatherV2 has no bfloat16 kernel; a gather only moves
-    bytes, so bfloat16 travels bit-cast as float16 and is cast back.
-    """
-    compressed = tf.cast(value, wire)
-    if wire == tf.bfloat16:
-        gathered = cross_device.collective_all_gather(
-            ops, tf.bitcast(compressed, tf.float16), options
+        return _to_devices(total, first, devices), (
+            None if rider_total is None else _to_devices(rider_total, first, devices)
         )
-        return tf.bitcast(gathered, tf.bfloat16)
-    return cross_device.collective_all_gather(ops, compressed, options)
 
+    def _reduce_exact(
+        self, flats: list[tf.Tensor], devices: list[str], options: Any
+    ) -> list[tf.Tensor]:
+        """The SUM of one flat per device over every replica, uncompressed."""
+        if len(devices) > 1:
+            local = self._local.reduce_flat(tf.distribute.ReduceOp.SUM, flats, devices)[0]
+        else:
+            local = flats[0]
+        with tf.device(devices[0]):
+            total = cross_device.collective_all_reduce(self._cross, local, options)
+        return _to_devices(total, devices[0], devices)
+
+
+def _to_devices(value: tf.Tensor, source: str, devices: list[str]) -> list[tf.Tensor]:
+    """`value` (on `source`, the first of `devices`) and a copy on each other device."""
+    return [value] + [_algorithms.send(value, source, d, None) for d in devices[1:]]
+
+
+def _rider_flats(riders: Sequence[Any], devices: list[str]) -> list[tf.Tensor] | None:
+    """Each device's riders as one float32 vector (None without riders)."""
+    if not riders:
+        return None
+    flats = []
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            flats.append(tf.concat(
+                [tf.reshape(tf.cast(r.values[d], tf.float32), [-1]) for r in riders], 0
+            ))
+    return flats
+
+
+def _rider_results(
+    riders: Sequence[Any], sums: list[tf.Tensor], devices: list[str]
+) -> list[Any]:
+    """The riders' sums (one flat per device) cut back into each rider's shape."""
+    results: list[list[tf.Tensor]] = [[] for _ in riders]
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            offset = 0
+            for k, rider in enumerate(riders):
+                shape = rider.values[d].shape
+                size = shape.num_elements()
+                piece = tf.reshape(sums[d][offset:offset + size], shape)
+                results[k].append(tf.cast(piece, rider.values[d].dtype))
+                offset += size
+    return [cross_device.make_mirrored(r) for r in results]
+
+
+def _gathered_sum(
+    wire: tf.DType,
+    ops: Any,
+    values: tf.Tensor,
+    exact: tf.Tensor | None,
+    num_workers: int,
+    options: Any,
+) -> tuple[tf.Tensor, tf.Tensor | None]:
+    """Sums over the workers: `values` rounded to `wire`, `exact` (float32) bit for bit.
+
+    One all-gather carries both: `exact`'s float32 bits travel as pairs of
+    16-bit words (a gather only moves bytes), and each worker adds the
+    gathered rows in float32, in worker order.
+    """
+    compressed = tf.cast(values, wire)
+    parts = [tf.bitcast(compressed, tf.float16) if wire == tf.bfloat16 else compressed]
+    if exact is not None:
+        parts.append(tf.reshape(tf.bitcast(exact, tf.float16), [-1]))
+    message = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+    gathered = tf.reshape(cross_device.collective_all_gather(ops, message, options), [num_workers, -1])
+    size = values.shape[0]
+    rows = gathered[:, :size]
+    if wire == tf.bfloat16:
+        rows = tf.bitcast(rows, tf.bfloat16)
+    total = tf.reduce_sum(tf.cast(rows, values.dtype), axis=0)
+    if exact is None:
+        return total, None
+    bits = tf.reshape(gathered[:, size:], [num_workers, -1, 2])
+    return total, tf.reduce_sum(tf.bitcast(bits, tf.float32), axis=0)

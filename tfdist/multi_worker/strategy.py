@@ -28,13 +28,15 @@ appears.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from tfdist import errors
+from tfdist._internal import attributes
 from tfdist._internal import cross_device
 from tfdist._internal import keras_compat
 from tfdist import _validation as validation
@@ -47,6 +49,7 @@ from tfdist.data import options as data_options
 from tfdist.data.distributed import data_service
 from tfdist.data.distributed import split
 from tfdist.data.distributed import strategy_input
+from tfdist.multi_worker import fused_step
 from tfdist.watchdog import peer_watchdog
 from tfdist.watchdog import startup
 
@@ -215,6 +218,8 @@ class MultiWorkerMirroredStrategy(
                 )
         self._timeout_s = timeout
         self._shard_options = shard_options
+        # The fused train step being traced (`reduce` consults it), if any.
+        self._fusion_tracing: fused_step.StepFusion | None = None
         self._input_service = (
             data_service.ChiefInputService(
                 config, self._input_layout(), timeout_s=timeout
@@ -243,6 +248,12 @@ class MultiWorkerMirroredStrategy(
         Fixes the two Keras 3 multi-worker failures described in the module
         docstring; results are otherwise TF's.
         """
+        fusion = self._fusion_tracing
+        if fusion is not None:
+            noted = fusion.reduce(reduce_op, value, axis)
+            if noted is not fused_step.NOT_NOTED:
+                return noted
+
         def reduce_one(component: Any) -> Any:
             first = (
                 component.values[0]
@@ -255,6 +266,12 @@ class MultiWorkerMirroredStrategy(
             )
 
         return tf.nest.map_structure(reduce_one, value)
+
+    def _train_step_fusion(self, step: keras_compat.KerasStep) -> Any:
+        """Keras's own train step on several workers: gradients and logs in one collective."""
+        if self._cluster_config.num_workers < 2 or getattr(step.model, "optimizer", None) is None:
+            return None
+        return _Traced(self, fused_step.StepFusion(self, step))
 
     @property
     def shard_options(self) -> data_options.ShardOptions | None:
@@ -315,3 +332,19 @@ def _communication_settings(
     if implementation == tf.distribute.experimental.CommunicationImplementation.AUTO:
         implementation = ring
     return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, implementation
+
+
+class _Traced:
+    """A `StepFusion` that the strategy's `reduce` consults while it is installed."""
+
+    def __init__(self, strategy: MultiWorkerMirroredStrategy, fusion: fused_step.StepFusion) -> None:
+        self._strategy = strategy
+        self._fusion = fusion
+        self.wrap = fusion.wrap
+        self.finish = fusion.finish
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        with self._fusion.installed(), attributes.swapped(self._strategy, "_fusion_tracing", self._fusion):
+            yield
+

@@ -154,16 +154,39 @@ class DistributedInputMixin:
             train_weights.check_training_batch(args, self.num_replicas_in_sync)
         if step.kind == "train" and step.builtin:
             fn, args = train_weights.with_exact_loss(fn, args, self.num_replicas_in_sync)
+            fusion = self._train_step_fusion(step)
+            if fusion is not None:
+                with keras_compat.gradients_scaled(step.model), fusion.installed():
+                    outputs = super().run(fusion.wrap(fn), args, kwargs, options)  # type: ignore[misc]
+                outputs, final = fusion.finish(outputs)
+                if final is None:  # Not fused after all: reduced as Keras writes it.
+                    return self._logs_reduced(step, outputs)
+                for leaf in final:
+                    self._final_outputs()[id(leaf)] = leaf
+                return outputs
             with keras_compat.gradients_scaled(step.model):
                 outputs = super().run(fn, args, kwargs, options)  # type: ignore[misc]
         else:
             outputs = super().run(fn, args, kwargs, options)  # type: ignore[misc]
+        return self._logs_reduced(step, outputs)
+
+    def _logs_reduced(self, step: keras_compat.KerasStep, outputs: Any) -> Any:
         if step.keras3 and step.kind != "predict" and self._input_layout().num_workers > 1:
             # Keras 3 then averages each logged value over the replicas with
             # its own cross-worker collective; one collective does them all,
             # and Keras's reduce of the plain means needs none.
             outputs = self._mean_of_scalars_at_once(outputs)
         return outputs
+
+    def _train_step_fusion(self, step: keras_compat.KerasStep) -> Any:
+        """A strategy's way to reduce Keras's own train step in fewer collectives, or None.
+
+        Returns an object with `installed()` (a context entered around
+        `Strategy.run`), `wrap(fn)` and `finish(outputs) -> (outputs, the
+        logged values already reduced, or None when the step was not
+        fused)`; see `tfdist/multi_worker/fused_step.py`.
+        """
+        return None
 
     def _mean_of_scalars_at_once(self, outputs: Any) -> Any:
         """`outputs` with its float32 scalars averaged over all replicas by one reduce.
@@ -193,25 +216,29 @@ class DistributedInputMixin:
         means = super().reduce(tf.distribute.ReduceOp.MEAN, packed, None)  # type: ignore[misc]
         for position, i in enumerate(scalars):
             leaves[i] = means[position]
-            self._averaged_outputs()[id(leaves[i])] = leaves[i]
+            self._final_outputs()[id(leaves[i])] = leaves[i]
         return tf.nest.pack_sequence_as(outputs, leaves)
 
-    def _averaged_outputs(self) -> weakref.WeakValueDictionary[int, Any]:
-        """Tensors already averaged over every replica, by id (tensors do not hash)."""
-        if "_averaged" not in vars(self):
-            self._averaged: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        return self._averaged
+    def _final_outputs(self) -> weakref.WeakValueDictionary[int, Any]:
+        """Logged values already reduced over every replica, by id (tensors do not hash).
 
-    def _is_averaged(self, value: Any) -> bool:
-        return tf.is_tensor(value) and self._averaged_outputs().get(id(value)) is value
+        Keras reduces a step's logs right after `run`: Keras 3 averages each
+        over the replicas, tf-keras sums its metrics' results (identical on
+        every replica once their variables are summed). Values registered
+        here are those results already, and `reduce` returns them as they are.
+        """
+        if "_final" not in vars(self):
+            self._final: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        return self._final
+
+    def _is_final(self, value: Any) -> bool:
+        return tf.is_tensor(value) and self._final_outputs().get(id(value)) is value
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
         """`tf.distribute.Strategy.reduce`; see the module docstring for input values."""
         leaves = tf.nest.flatten(value)
-        if reduce_op in ("MEAN", tf.distribute.ReduceOp.MEAN) and all(
-            map(self._is_averaged, leaves)
-        ):
-            return value  # Already the mean over every replica.
+        if reduce_op in _MEAN_OR_SUM and all(map(self._is_final, leaves)):
+            return value  # Keras's logs, already reduced over every replica.
         if axis is not None or not any(map(input_values.is_input_value, leaves)):
             return super().reduce(reduce_op, value, axis)  # type: ignore[misc]
 
@@ -223,6 +250,9 @@ class DistributedInputMixin:
             )
 
         return tf.nest.map_structure(reduce_leaf, value)
+
+
+_MEAN_OR_SUM = ("MEAN", "SUM", tf.distribute.ReduceOp.MEAN, tf.distribute.ReduceOp.SUM)
 
 
 def _has_distributed_values(data: Any) -> bool:
