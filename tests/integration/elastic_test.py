@@ -25,10 +25,10 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl.testing import parameterized
 
 import tfdist
 from tests import forked_script
+from tests.front_end import KERAS_3
 from tests.integration import elastic_script as job
 from tests.integration import fault_lib
 
@@ -73,7 +73,7 @@ def _wait_for(out_dir, prefix, count, process):
         time.sleep(0.05)
 
 
-class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
+class ElasticJobTest(tf.test.TestCase):
     def assert_equals_uninterrupted(self, out_dir, tf_keras=False):
         for a, b in zip(fault_lib.weights(os.path.join(out_dir, "weights.npz")), _reference(tf_keras)):
             self.assertAllClose(a, b, rtol=fault_lib.FLOAT32_RTOL, atol=fault_lib.FLOAT32_ATOL)
@@ -91,13 +91,11 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
             positions.add((record["epoch"], record["step"]))
         return positions
 
-    @parameterized.named_parameters(
-        dict(testcase_name="keras3", tf_keras=False),
-        dict(testcase_name="tf_keras", tf_keras=True),
-    )
-    def test_sigterm_to_one_task_stops_every_task_at_one_step_and_the_restart_resumes_there(
-        self, tf_keras
-    ):
+    # The test process's front end: Keras 3 in `make test`, tf-keras in
+    # `make test-all`'s multi-process tf-keras stage (`model` marker).
+    @pytest.mark.model
+    def test_sigterm_to_one_task_stops_every_task_at_one_step_and_the_restart_resumes_there(self):
+        tf_keras = not KERAS_3
         out_dir = self.create_tempdir().full_path
         result = _launch(out_dir, "self_sigterm", "--workers", "2", "--restarts", "1", tf_keras=tf_keras)
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 import tensorflow as tf
-from absl.testing import parameterized
 
 import tfdist
+from tests.front_end import KERAS_3
 from tests.integration import fault_lib
 from tests.integration import fault_script
 from tfdist import errors
@@ -26,12 +26,12 @@ from tfdist import launch
 pytestmark = [pytest.mark.multiprocess]
 
 
-class RestartTest(tf.test.TestCase, parameterized.TestCase):
-    @parameterized.named_parameters(
-        dict(testcase_name="keras3", tf_keras=False),
-        dict(testcase_name="tf_keras", tf_keras=True),
-    )
-    def test_restart_with_backup_and_restore_equals_uninterrupted_run(self, tf_keras):
+class RestartTest(tf.test.TestCase):
+    # The test process's front end: Keras 3 in `make test`, tf-keras in
+    # `make test-all`'s multi-process tf-keras stage (`model` marker).
+    @pytest.mark.model
+    def test_restart_with_backup_and_restore_equals_uninterrupted_run(self):
+        tf_keras = not KERAS_3
         out_dir = self.create_tempdir().full_path
         result = fault_lib.launch(out_dir, "--restarts", "1", mode="restart", tf_keras=tf_keras)
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])

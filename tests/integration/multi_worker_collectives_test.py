@@ -80,7 +80,9 @@ class CollectivesPerStepTest(parameterized.TestCase):
             self.assertEqual(result["per_step"], [GRADIENT_BUCKETS + LOG_COLLECTIVES] * 7)
         self.assertEqual(results[0]["logs"], results[1]["logs"])
 
-    @parameterized.named_parameters(("plain", None), ("fp16", "fp16"), ("bf16", "bf16"))
+    # Compressed only: uncompressed riders are summed by the all-reduce itself,
+    # as the logs of the test above show.
+    @parameterized.named_parameters(("fp16", "fp16"), ("bf16", "bf16"))
     def test_riders_are_summed_exactly_beside_the_gradients(self, compression):
         results = run_local_cluster(riders_summed, num_workers=2, args=(compression,), timeout_s=150)
         expected = [
