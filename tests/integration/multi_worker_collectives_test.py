@@ -5,7 +5,7 @@ which brackets every collective TF's launchers create), read after each
 step of an 8-step `fit` on 2 workers (a callback; the read waits for the
 step), so each difference is one step's collectives: the gradients' buckets
 only (the test model's fit in one), under both front ends. The values Keras
-reduces for its logs ride in a bucket (`tfdist/multi_worker/fused_step.py`);
+reduces for its logs ride in a bucket (`tfdist/collectives/fused_step.py`);
 as Keras writes the step they took one more collective under Keras 3
 (tfdist packs its logged values) and six more under tf-keras (its loss and
 accuracy metrics' total and count, then each logged result).

@@ -13,7 +13,12 @@ Dense layer trains one device's weights to float32 rounding:
   LayerPlacement, Keras's step and `apply` under Mirrored (whose other
   paths the conformance tier runs);
 - with Keras's own step, SGD with momentum, AdamW, Adagrad and RMSprop
-  (under MirroredStrategy; the rule is applied after the sum either way).
+  (under MirroredStrategy; the rule is applied after the sum either way),
+  and optimizers that clip (`clipnorm`, `global_clipnorm`, `clipvalue`) or
+  scale the loss (a `LossScaleOptimizer`): one device clips, and checks for
+  finiteness, the whole gradient, which Keras 3 does to each replica's part
+  before its sum unless the strategy sums first
+  (`tfdist/collectives/fused_step.py`).
 
 Keras 3 and tf-keras.
 """
@@ -50,6 +55,13 @@ OPTIMIZERS = {
     "adamw": lambda: keras.optimizers.AdamW(0.01),
     "adagrad": lambda: keras.optimizers.Adagrad(0.1),
     "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    # Clipped: one device clips the whole batch's gradient (Keras 3 clips
+    # each replica's part unless the strategy sums first). The bounds are
+    # far below this model's gradient norms, so every step clips.
+    "clipnorm": lambda: keras.optimizers.SGD(0.5, clipnorm=0.01),
+    "global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.01),
+    "clipvalue": lambda: keras.optimizers.SGD(0.5, clipvalue=0.001),
+    "loss_scaled_adam": lambda: keras.mixed_precision.LossScaleOptimizer(keras.optimizers.Adam(0.01)),
 }
 UPDATES = ("keras_step", "apply_gradients", "loss_scale") + (("apply",) if KERAS_3 else ())
 

@@ -53,6 +53,7 @@ __all__ = [
     "clear_fit_start",
     "KerasStep",
     "gradient_aggregation_skipped",
+    "adjusts_replica_gradients",
     "gradient_updates_intercepted",
     "gradients_scaled",
     "is_bound_step",
@@ -530,3 +531,27 @@ def _skippable(aggregate: Callable[..., Any], skip: Callable[[], bool]) -> Calla
         return aggregate(grads_and_vars, *args, **kwargs)
 
     return aggregate_unless_skipped
+
+
+def adjusts_replica_gradients(optimizer: Any) -> bool:
+    """Whether Keras 3 changes each replica's part of the gradient before summing the parts.
+
+    Keras 3's `apply` clips (`clipnorm`, `clipvalue`, `global_clipnorm`)
+    before its TF optimizer sums the replicas' gradients, and its
+    LossScaleOptimizer checks finiteness there too: unlike one device,
+    which does both to the whole gradient. (tf-keras sums first.)
+    """
+    if not _is_keras3_optimizer(optimizer):
+        return False
+    if getattr(optimizer, "inner_optimizer", None) is not None:  # LossScaleOptimizer
+        return True
+    return any(
+        getattr(optimizer, name, None) is not None
+        for name in ("clipnorm", "clipvalue", "global_clipnorm")
+    )
+
+
+def _is_keras3_optimizer(optimizer: Any) -> bool:
+    base = sys.modules.get("keras.src.optimizers.base_optimizer")
+    return base is not None and isinstance(optimizer, base.BaseOptimizer)
+

@@ -51,10 +51,12 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist import devices as devices_lib
+from tfdist._internal import keras_compat
 from tfdist._internal import mirrored_extended
 from tfdist.collectives import cost_model as cost_model_lib
 from tfdist import errors
 from tfdist.collectives import cross_device_ops as cross_device_ops_lib
+from tfdist.collectives import fused_step
 from tfdist.data import options as data_options
 from tfdist.data.distributed import split
 from tfdist.data.distributed import strategy_input
@@ -190,6 +192,19 @@ class MirroredStrategy(strategy_input.DistributedInputMixin, tf.distribute.Mirro
     def shard_options(self) -> data_options.ShardOptions | None:
         """How plain datasets are sharded (`None`: each global batch is cut)."""
         return self._shard_options
+
+    def _train_step_fusion(self, step: keras_compat.KerasStep) -> Any:
+        """Keras 3's step with a clipping or loss-scaling optimizer: its update on the sum.
+
+        Keras 3 clips (and checks for finiteness) each replica's part of the
+        gradient before summing; one device does it to the whole gradient
+        (`tfdist/collectives/fused_step.py`). The logs are reduced as Keras
+        writes them.
+        """
+        optimizer = getattr(step.model, "optimizer", None)
+        if optimizer is None or not keras_compat.adjusts_replica_gradients(optimizer):
+            return None
+        return fused_step.StepFusion(self, step, logs_ride=False)
 
     def _input_layout(self) -> split.InputLayout:
         return split.InputLayout(

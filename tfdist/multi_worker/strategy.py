@@ -49,7 +49,7 @@ from tfdist.data import options as data_options
 from tfdist.data.distributed import data_service
 from tfdist.data.distributed import split
 from tfdist.data.distributed import strategy_input
-from tfdist.multi_worker import fused_step
+from tfdist.collectives import fused_step
 from tfdist.watchdog import peer_watchdog
 from tfdist.watchdog import startup
 
@@ -271,7 +271,7 @@ class MultiWorkerMirroredStrategy(
         """Keras's own train step on several workers: gradients and logs in one collective."""
         if self._cluster_config.num_workers < 2 or getattr(step.model, "optimizer", None) is None:
             return None
-        return _Traced(self, fused_step.StepFusion(self, step))
+        return _Traced(self, fused_step.StepFusion(self, step, logs_ride=True))
 
     @property
     def shard_options(self) -> data_options.ShardOptions | None:

@@ -184,7 +184,7 @@ class DistributedInputMixin:
         Returns an object with `installed()` (a context entered around
         `Strategy.run`), `wrap(fn)` and `finish(outputs) -> (outputs, the
         logged values already reduced, or None when the step was not
-        fused)`; see `tfdist/multi_worker/fused_step.py`.
+        fused)`; see `tfdist/collectives/fused_step.py`.
         """
         return None
 

@@ -1,30 +1,42 @@
-"""One cross-worker collective per training step: the gradients and Keras's logs together.
+"""Keras's own train step with its update on the summed gradients, and one collective per step.
 
-A step of Keras's `fit` on W workers reduces over the network twice or more,
-as Keras writes it: the optimizer sums the gradients over every replica;
-Keras 3 then averages each logged value (one collective, which tfdist
-already packs), and tf-keras sums each metric's state variables as its
-`result()` reads them (one collective per variable, two per metric) and
-then each logged result again. On a small step each cross-worker collective
-costs a fixed ~2.6 ms here whatever its size. `StepFusion` runs Keras's
-*own* `train_step` so that everything travels in the gradients' buckets:
+Two uses, one mechanism (`StepFusion`):
+
+- **On several workers** (`MultiWorkerMirroredStrategy`), one cross-worker
+  collective per step. As Keras writes a step, it reduces over the network
+  twice or more: the optimizer sums the gradients over every replica;
+  Keras 3 then averages each logged value (one collective, which tfdist
+  already packs), and tf-keras sums each metric's state variables as its
+  `result()` reads them (one collective per variable, two per metric) and
+  then each logged result again. On a small step each cross-worker
+  collective costs ~2 ms here whatever its size. Here the logs ride in the
+  gradients' buckets (`logs_ride=True`).
+- **In one process under Keras 3** (`MirroredStrategy`, when the optimizer
+  clips gradients or is a LossScaleOptimizer): Keras 3 clips each
+  replica's part of the gradient (and a LossScaleOptimizer checks each
+  replica's part for finiteness, acting on the first replica's answer)
+  before its own sum, which one device does to the whole gradient. Here
+  only the update is moved after the sum (`logs_ride=False`); the logs are
+  reduced as Keras writes them.
+
+The steps:
 
     1. the step runs; the optimizer's update is held back
-       (`keras_compat.gradient_updates_intercepted`); under tf-keras each
-       sum of a metric's sync-on-read variable that `result()` asks of
-       `strategy.reduce` is noted (its per-replica values), in order, and
-       answered with a stand-in;
-    2. after the step, one `merge_call` sums the held gradients with the
-       log values riding in the first float32 bucket
+       (`keras_compat.gradient_updates_intercepted`); with `logs_ride`,
+       under tf-keras each sum of a metric's sync-on-read variable that
+       `result()` asks of `strategy.reduce` is noted (its per-replica
+       values), in order, and answered with a stand-in;
+    2. after the step, one `merge_call` sums the held gradients; with
+       `logs_ride` the log values ride in the first float32 bucket
        (`HierarchicalAllReduce.batch_reduce_with_riders`): Keras 3's logged
        scalars, tf-keras's noted variables;
     3. the held update runs on the summed gradients, which the optimizer
        does not sum again (`keras_compat.gradient_aggregation_skipped`);
-    4. the logs: Keras 3's are the riders' sums over the replica count (the
-       mean Keras's own reduce computes); tf-keras's metrics' `result()` is
-       traced again with each noted read answered by its rider's sum (what
-       the read would have reduced to). Keras's reduce of these logs after
-       `run` then returns them as they are.
+    4. with `logs_ride`, the logs: Keras 3's are the riders' sums over the
+       replica count (the mean Keras's own reduce computes); tf-keras's
+       metrics' `result()` is traced again with each noted read answered by
+       its rider's sum (what the read would have reduced to). Keras's
+       reduce of these logs after `run` then returns them as they are.
 
 Why moving the update after the metrics changes nothing: Keras's own
 `train_step` computes its metrics from the step's targets and predictions
@@ -35,8 +47,8 @@ gradients, as on one device. The logged values are the same sums and
 means, each taken once: exact, up to the order of float32 additions.
 
 Applies to Keras's own `train_step` only (an overridden one may read the
-weights after its update), with an optimizer, on more than one worker
-(`MultiWorkerMirroredStrategy._train_step_fusion`). A step whose update the
+weights after its update), with an optimizer (each strategy's
+`_train_step_fusion` decides). A step whose update the
 optimizer did not reach exactly once (no trainable weights) is not fused,
 at trace time: its held updates are applied as Keras would, each with its
 own sum, and its logs are reduced as Keras writes it.
@@ -67,23 +79,27 @@ _EXACT_IN_FLOAT32 = (tf.float32, tf.float16, tf.bfloat16)
 class StepFusion:
     """One Keras training step with its gradients and logs in one set of collectives.
 
-    Contract: made by `MultiWorkerMirroredStrategy.run` for Keras's own
-    train step, in cross-replica context, once per trace. Enter
-    `installed()` around `Strategy.run`, whose `fn` is `wrap(fn)`; while it
-    is entered the strategy's `reduce` must first ask `reduce(...)` here.
-    Then `finish(outputs)` gives the logs and which of them are already
-    reduced. Every worker traces the same step, so every worker issues the
+    Contract: made by a strategy's `run` for Keras's own train step, in
+    cross-replica context, once per trace. Enter `installed()` around
+    `Strategy.run`, whose `fn` is `wrap(fn)`. Then `finish(outputs)` gives
+    the logs and which of them are already reduced (None: Keras reduces
+    them). Every worker traces the same step, so every worker issues the
     same collectives in the same order. An exception while tracing leaves
     the optimizer as it was (every replacement is undone on exit).
 
     Args:
-      strategy: The `tfdist.MultiWorkerMirroredStrategy` running the step.
+      strategy: The tfdist strategy running the step. With `logs_ride`,
+        its `cross_device_ops` must have `batch_reduce_with_riders` and its
+        `reduce` must first ask `reduce` here.
       step: Keras's train step (`keras_compat.keras_step`).
+      logs_ride: Whether the logs travel with the gradients (step 4);
+        otherwise Keras reduces them after `run`, as it writes the step.
     """
 
-    def __init__(self, strategy: Any, step: keras_compat.KerasStep) -> None:
+    def __init__(self, strategy: Any, step: keras_compat.KerasStep, *, logs_ride: bool) -> None:
         self._strategy = strategy
         self._step = step
+        self._logs_ride = logs_ride
         self._replica = threading.local()  # Each replica's step is traced in a thread.
         self._fused = True
         self._summed_applies = 0  # Replicas inside the update of summed gradients.
@@ -130,6 +146,8 @@ class StepFusion:
                 apply(summed, variables)
             finally:
                 self._summed_applies -= 1
+            if not self._logs_ride:
+                return logs
             if self._step.keras3:
                 n = tf.cast(self._strategy.num_replicas_in_sync, tf.float32)
                 leaves = tf.nest.flatten(logs)
@@ -165,7 +183,7 @@ class StepFusion:
         Each replica holds the same reduced logs; the first local replica's
         stand for all.
         """
-        if not self._fused:
+        if not self._fused or not self._logs_ride:
             return outputs, None
         leaves = tf.nest.flatten(outputs)
         logged = self._log_leaves if self._step.keras3 else range(len(leaves))
@@ -184,11 +202,11 @@ class StepFusion:
 
     def _hold(self, grads: list[Any], variables: list[Any] | None, apply: Callable[..., Any]) -> Any:
         self._replica.held.append((grads, variables, apply))
-        self._noting = not self._step.keras3
+        self._noting = self._logs_ride and not self._step.keras3
         return None
 
     def _keras3_riders(self, logs: Any) -> list[Any]:
-        if not self._step.keras3:
+        if not (self._logs_ride and self._step.keras3):
             return []
         leaves = tf.nest.flatten(logs)
         self._log_leaves = [i for i, leaf in enumerate(leaves) if _is_float32_scalar(leaf)]
@@ -197,6 +215,9 @@ class StepFusion:
     def _reduce_with_riders(self, strategy: Any, grads: list[Any], riders: list[Any]) -> Any:
         """Cross-replica: the one reduction (`merge_call` of every local replica)."""
         self._noting = False
+        if not self._logs_ride:
+            pairs = [(g, g) for g in grads]
+            return strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs), []
         noted = [_per_replica_float32(reads) for _, reads in self._noted]
         reduced, sums = strategy.cross_device_ops.batch_reduce_with_riders(
             grads, list(riders) + noted
