@@ -47,6 +47,7 @@ from absl import logging as absl_logging
 
 import tfdist
 from tests.front_end import KERAS_3
+from tests.front_end import TF_CONTENDER
 
 keras = tf.keras
 
@@ -56,12 +57,6 @@ DEVICES = [f"/cpu:{i}" for i in range(NUM_REPLICAS)]
 SEED = 7
 #: Examples `load_mnist_like` has (scikit-learn's digits): ids are below it.
 NUM_DIGITS = 1797
-#: Whether this run includes TF's own strategy as a contender. `make test`
-#: (CI) leaves it out (TFDIST_TEST_TF_CONTENDER=0): it checks TensorFlow's
-#: behaviour, not tfdist's, and it is the costliest contender (it traces each
-#: replica apart); `make test-all` and a plain `pytest` run it
-#: (CONTRIBUTING.md, "CI").
-TF_CONTENDER = os.environ.get("TFDIST_TEST_TF_CONTENDER", "1") != "0"
 CONTENDERS = ("one_device", "tf", "tfdist") if TF_CONTENDER else ("one_device", "tfdist")
 _NO_TF_CONTENDER = (
     "checks TF's own strategy, left out of this run (TFDIST_TEST_TF_CONTENDER=0, "
