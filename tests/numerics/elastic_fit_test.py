@@ -141,6 +141,41 @@ class ElasticEpochEndTest(tf.test.TestCase):
         self.assertAllEqual(resumed.layers[0].counts.numpy(), np.full(job.NUM_EXAMPLES, job.EPOCHS))
 
 
+def _fit_endless(callbacks=()):
+    """TF's multi-worker tutorial's input: one `shuffle().repeat()` stream read across epochs.
+
+    Not reshuffled per repetition: under Keras 3 the batch read to build a
+    model can draw a reshuffle's seed first (tests/conformance/
+    multi_worker_keras_tutorial_test.py). The stream still matters: 120
+    examples in batches of 16 straddle its repetitions.
+    """
+    with _strategy("mirrored", False).scope():
+        model = job.build_model()
+    x, y = job.data()
+    dataset = (tf.data.Dataset.from_tensor_slices((x, y))
+               .shuffle(job.NUM_EXAMPLES, seed=3, reshuffle_each_iteration=False)
+               .repeat().batch(job.GLOBAL_BATCH_SIZE))
+    try:
+        model.fit(dataset, epochs=job.EPOCHS, steps_per_epoch=job.STEPS_PER_EPOCH - 1, verbose=0,
+                  callbacks=list(callbacks))
+    except tfdist.errors.TrainingPreempted:
+        return model, True
+    return model, False
+
+
+class ElasticEndlessInputTest(tf.test.TestCase):
+    def test_a_repeated_stream_under_steps_per_epoch_resumes_after_every_step_trained(self):
+        reference, _ = _fit_endless()
+        backup = os.path.join(self.create_tempdir().full_path, "backup")
+        elastic = tfdist.elastic.Elastic(backup, save_freq=None)
+        _, preempted = _fit_endless([elastic, _NoticeAt(elastic, False)])
+        self.assertTrue(preempted)
+        resumed, preempted_again = _fit_endless([tfdist.elastic.Elastic(backup)])
+        self.assertFalse(preempted_again)
+        for a, b in zip(reference.get_weights(), resumed.get_weights()):
+            self.assertAllEqual(a, b)
+
+
 class ElasticLastEpochTest(tf.test.TestCase):
     def test_a_stop_at_the_last_epochs_end_lets_fit_complete(self):
         backup = os.path.join(self.create_tempdir().full_path, "backup")

@@ -198,7 +198,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if not self._epoch_begun:  # The epoch's pass has begun.
             if self._resume_armed:
                 self._resume_armed = False
-                if resume.disarm():
+                # Untaken at an epoch's start only costs an endless input its
+                # exact order (docs/elastic.md); mid-epoch it would retrain.
+                if resume.disarm() and self._steps_in_epoch:
                     raise errors.ConfigError(
                         "Elastic restored a state saved after step "
                         f"{self._steps_in_epoch} of epoch {self._epoch}, but the "
@@ -306,9 +308,11 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             self._step_offset = position.step if self._keras3 else 0
         # A sharded input's next pass must be the saved epoch's even from its
         # start; any other input resumes an epoch's start as it is.
-        if position.step or position.data_epoch is not None:
+        # An endless input read across epochs resumes after every step trained.
+        if position.step or position.data_epoch is not None or position.steps_done:
             data_epoch = position.epoch if position.data_epoch is None else position.data_epoch
-            resume.arm(resume.ResumePoint(epoch=data_epoch, step=position.step))
+            resume.arm(resume.ResumePoint(
+                epoch=data_epoch, step=position.step, stream_step=position.steps_done))
             self._resume_armed = True
         logging.warning(  # Shown by default: a user must see where training went on.
             "tfdist.elastic: resumed from %s in %.2f s: epoch %d, step %d.",

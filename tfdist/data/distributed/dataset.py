@@ -45,7 +45,8 @@ class DistributedDataset(tf.distribute.DistributedDataset):
         one: its first pass is epoch e from its step k. None: this pass
         skips its first k elements (global steps) and later passes are as
         before, which resumes exactly when every pass yields the same
-        batches.
+        batches; an endless dataset (one pass read across every epoch)
+        skips the point's `stream_step` instead.
       pass_epoch: For a pipeline whose passes are epochs (a sharder's),
         returns the epoch of the last pass that produced an element; each
         pass hands it to `resume.started`. None: passes are not numbered.
@@ -83,7 +84,11 @@ class DistributedDataset(tf.distribute.DistributedDataset):
         if point is not None and self._resumed is not None:
             self._resumed_as = self._resumed(point)
         elif point is not None:
-            self._make_dataset = _skipping_once(self._make_dataset, point.step)
+            # An endless pass is read across epochs (`steps_per_epoch`): it
+            # resumes after every step trained, not the epoch's alone.
+            endless = self._cardinality == tf.data.INFINITE_CARDINALITY
+            steps = point.stream_step if endless and point.stream_step is not None else point.step
+            self._make_dataset = _skipping_once(self._make_dataset, steps)
         if self._resumed_as is not None:
             return iter(self._resumed_as)
         if tf.executing_eagerly():

@@ -9,7 +9,8 @@ after k of its steps, and arms the point (e, k) before `fit`'s first
 training pass starts. The next `DistributedDataset` pass of this process
 takes it: a plain pipeline skips its first k global batches (the batches
 of a pass are the same whatever the number of workers, so the rest of the
-epoch is re-partitioned over the workers there are now); a pipeline that
+epoch is re-partitioned over the workers there are now), an endless one
+(read across epochs) the steps of every epoch before too; a pipeline that
 tfdist shards itself (`ShardOptions`) starts at epoch e's permutation,
 step k, and numbers later passes e + 1, e + 2, ... The point is taken once.
 
@@ -36,10 +37,14 @@ class ResumePoint:
       epoch: The epoch (0-based) the next pass is.
       step: Global steps of that epoch already trained; the pass starts at
         this step.
+      stream_step: Global steps trained since the job began, all epochs:
+        where an endless input (a `.repeat()`ed pipeline under
+        `steps_per_epoch`, one pass read across every epoch) starts.
     """
 
     epoch: int
     step: int
+    stream_step: int | None = None
 
 
 _lock = threading.Lock()
