@@ -54,6 +54,7 @@ __all__ = [
     "KerasStep",
     "gradient_aggregation_skipped",
     "adjusts_replica_gradients",
+    "computes_metrics_as_keras",
     "gradient_updates_intercepted",
     "gradients_scaled",
     "is_bound_step",
@@ -500,7 +501,9 @@ def gradient_aggregation_skipped(optimizer: Any, skip: Callable[[], bool]) -> It
     For the block, each is replaced on the instance, for the optimizer and
     those it wraps, by one that returns the gradients unchanged when
     `skip()` is true and sums them as before otherwise. Enter in
-    cross-replica context; `skip` decides per call (per replica thread).
+    cross-replica context; `skip` is asked at each call, from whichever
+    thread makes it (a LossScaleOptimizer applies in replica threads of its
+    own).
     """
     with contextlib.ExitStack() as stack:
         seen: set[int] = set()
@@ -554,4 +557,26 @@ def adjusts_replica_gradients(optimizer: Any) -> bool:
 def _is_keras3_optimizer(optimizer: Any) -> bool:
     base = sys.modules.get("keras.src.optimizers.base_optimizer")
     return base is not None and isinstance(optimizer, base.BaseOptimizer)
+
+
+def computes_metrics_as_keras(model: Any) -> bool:
+    """Whether `model` computes its logged metrics with Keras's own methods.
+
+    Keras's `compute_metrics` (and tf-keras's `get_metrics_result`) read
+    only the metrics' state, made from a step's targets and predictions; an
+    override may read anything (the optimizer's step count, the weights),
+    so it must run after the update, as Keras orders a step.
+    """
+    if _is_keras3_model(model):
+        trainer = sys.modules["keras.src.trainers.trainer"]
+        base: Any = trainer.Trainer
+    else:
+        training = sys.modules.get("tf_keras.src.engine.training")
+        if training is None:
+            return False
+        base = training.Model
+    return all(
+        getattr(type(model), name, None) is getattr(base, name, None)
+        for name in ("compute_metrics", "get_metrics_result")
+    )
 

@@ -34,24 +34,29 @@ The steps:
        does not sum again (`keras_compat.gradient_aggregation_skipped`);
     4. with `logs_ride`, the logs: Keras 3's are the riders' sums over the
        replica count (the mean Keras's own reduce computes); tf-keras's
-       metrics' `result()` is traced again with each noted read answered by
-       its rider's sum (what the read would have reduced to). Keras's
+       metrics' `result()` is traced again (`get_metrics_result()`, what
+       Keras's own `compute_metrics` returns) with each noted variable's
+       read answered by its rider's sum (what the read would have reduced
+       to). Keras's
        reduce of these logs after `run` then returns them as they are.
 
 Why moving the update after the metrics changes nothing: Keras's own
-`train_step` computes its metrics from the step's targets and predictions
-and the loss it reported, none of which an update reads, and the update
-reads no metric. The optimizer's own steps before its sum (gradient
+`train_step` and `compute_metrics` compute the metrics from the step's
+targets and predictions and the loss it reported, none of which an update
+reads, and the update reads no metric. The optimizer's own steps before its sum (gradient
 clipping, a LossScaleOptimizer's finiteness check) now see the summed
 gradients, as on one device. The logged values are the same sums and
 means, each taken once: exact, up to the order of float32 additions.
 
-Applies to Keras's own `train_step` only (an overridden one may read the
-weights after its update), with an optimizer (each strategy's
-`_train_step_fusion` decides). A step whose update the
-optimizer did not reach exactly once (no trainable weights) is not fused,
-at trace time: its held updates are applied as Keras would, each with its
-own sum, and its logs are reduced as Keras writes it.
+Applies to Keras's own `train_step` and `compute_metrics` (and tf-keras's
+`get_metrics_result`) only: an override may read the weights or the
+optimizer's state after the update (`keras_compat.computes_metrics_as_keras`),
+with an optimizer; each strategy's `_train_step_fusion` decides. A metric
+passed to `compile` that reads the optimizer (a logged learning rate) sees
+it before the step's update. A step whose update the
+optimizer was not asked for exactly once is not fused, at trace time: its
+held updates are applied as Keras would, each with its own sum, and its
+logs are reduced as Keras writes it.
 """
 
 from __future__ import annotations
@@ -106,8 +111,8 @@ class StepFusion:
         self._log_leaves: list[int] = []
         # tf-keras's metric reads (cross-replica: in merge_call, one thread).
         self._noting = False
-        self._noted: list[tuple[Any, Any]] = []  # (reduce_op, per-replica values)
-        self._replay: Iterator[Any] | None = None
+        self._noted: list[tuple[Any, Any, Any]] = []  # (variable, reduce_op, per-replica values)
+        self._replay: dict[int, Any] | None = None  # id(variable) -> its reduced value
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -164,27 +169,28 @@ class StepFusion:
 
         A sum of a sync-on-read variable asked after the update was held
         (a metric's `result()`) is noted and answered with a stand-in; once
-        the riders are summed, the same reads get their sums, in order.
+        the riders are summed, reads of the same variables get their sums.
         Anything else: `NOT_NOTED` (the strategy reduces it itself).
         """
         if axis is not None or not _is_sync_on_read(value) or value.dtype not in _EXACT_IN_FLOAT32:
             return NOT_NOTED
         if self._replay is not None:
-            return next(self._replay, NOT_NOTED)
+            return self._replay.get(id(value), NOT_NOTED)
         if not self._noting:
             return NOT_NOTED
         reads = [tf.convert_to_tensor(component) for component in value.values]
-        self._noted.append((cross_device_ops.as_reduce_op(reduce_op), reads))
+        self._noted.append((value, cross_device_ops.as_reduce_op(reduce_op), reads))
         return reads[0]  # A stand-in of the right dtype and shape; step 4 replaces it.
 
     def finish(self, outputs: Any) -> tuple[Any, list[Any] | None]:
         """(the step's logs, those already reduced over every replica; None: not fused).
 
-        Each replica holds the same reduced logs; the first local replica's
-        stand for all.
+        Each replica holds the same reduced logs (Keras 3's riders' means;
+        tf-keras's results replayed from the noted reads, made in
+        cross-replica context); the first local replica's stand for all.
         """
-        if not self._fused or not self._logs_ride:
-            return outputs, None
+        if not self._fused or not self._logs_ride or not (self._step.keras3 or self._noted):
+            return outputs, None  # tf-keras's logs made from no noted read: Keras reduces them.
         leaves = tf.nest.flatten(outputs)
         logged = self._log_leaves if self._step.keras3 else range(len(leaves))
         final = []
@@ -218,18 +224,18 @@ class StepFusion:
         if not self._logs_ride:
             pairs = [(g, g) for g in grads]
             return strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs), []
-        noted = [_per_replica_float32(reads) for _, reads in self._noted]
+        noted = [_per_replica_float32(reads) for _, _, reads in self._noted]
         reduced, sums = strategy.cross_device_ops.batch_reduce_with_riders(
             grads, list(riders) + noted
         )
         if self._noted:
-            answers = []
-            for (reduce_op, reads), total in zip(self._noted, sums[len(riders):]):
+            answers = {}
+            for (variable, reduce_op, reads), total in zip(self._noted, sums[len(riders):]):
                 total = tf.cast(_first(total), reads[0].dtype)
                 if reduce_op == tf.distribute.ReduceOp.MEAN:
                     total = total / tf.cast(strategy.num_replicas_in_sync, total.dtype)
-                answers.append(total)
-            self._replay = iter(answers)
+                answers[id(variable)] = total
+            self._replay = answers
         return reduced, sums[: len(riders)]
 
     def _unfused(self, state: Any, logs: Any) -> Any:

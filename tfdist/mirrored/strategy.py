@@ -202,7 +202,11 @@ class MirroredStrategy(strategy_input.DistributedInputMixin, tf.distribute.Mirro
         writes them.
         """
         optimizer = getattr(step.model, "optimizer", None)
-        if optimizer is None or not keras_compat.adjusts_replica_gradients(optimizer):
+        if (
+            optimizer is None
+            or not keras_compat.adjusts_replica_gradients(optimizer)
+            or not keras_compat.computes_metrics_as_keras(step.model)
+        ):
             return None
         return fused_step.StepFusion(self, step, logs_ride=False)
 

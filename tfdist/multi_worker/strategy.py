@@ -269,7 +269,11 @@ class MultiWorkerMirroredStrategy(
 
     def _train_step_fusion(self, step: keras_compat.KerasStep) -> Any:
         """Keras's own train step on several workers: gradients and logs in one collective."""
-        if self._cluster_config.num_workers < 2 or getattr(step.model, "optimizer", None) is None:
+        if (
+            self._cluster_config.num_workers < 2
+            or getattr(step.model, "optimizer", None) is None
+            or not keras_compat.computes_metrics_as_keras(step.model)
+        ):
             return None
         return _Traced(self, fused_step.StepFusion(self, step, logs_ride=True))
 

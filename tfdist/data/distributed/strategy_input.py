@@ -162,7 +162,9 @@ class DistributedInputMixin:
                 if final is None:  # Not fused after all: reduced as Keras writes it.
                     return self._logs_reduced(step, outputs)
                 for leaf in final:
-                    self._final_outputs()[id(leaf)] = leaf
+                    # Keras 3's are means; tf-keras's are results every replica
+                    # holds, which its reduce sums.
+                    self._mark_final(leaf, for_sum=not step.keras3)
                 return outputs
             with keras_compat.gradients_scaled(step.model):
                 outputs = super().run(fn, args, kwargs, options)  # type: ignore[misc]
@@ -216,29 +218,40 @@ class DistributedInputMixin:
         means = super().reduce(tf.distribute.ReduceOp.MEAN, packed, None)  # type: ignore[misc]
         for position, i in enumerate(scalars):
             leaves[i] = means[position]
-            self._final_outputs()[id(leaves[i])] = leaves[i]
+            self._mark_final(leaves[i], for_sum=False)
         return tf.nest.pack_sequence_as(outputs, leaves)
 
-    def _final_outputs(self) -> weakref.WeakValueDictionary[int, Any]:
+    def _final_outputs(self, for_sum: bool) -> weakref.WeakValueDictionary[int, Any]:
         """Logged values already reduced over every replica, by id (tensors do not hash).
 
         Keras reduces a step's logs right after `run`: Keras 3 averages each
-        over the replicas, tf-keras sums its metrics' results (identical on
-        every replica once their variables are summed). Values registered
-        here are those results already, and `reduce` returns them as they are.
+        over the replicas (MEAN), tf-keras sums its metrics' results (SUM,
+        of results identical on every replica once their variables are
+        summed). A value registered for that reduction is its result
+        already, and `reduce` returns it as it is.
         """
-        if "_final" not in vars(self):
-            self._final: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        return self._final
+        name = "_final_for_sum" if for_sum else "_final_for_mean"
+        if name not in vars(self):
+            setattr(self, name, weakref.WeakValueDictionary())
+        registry: weakref.WeakValueDictionary[int, Any] = getattr(self, name)
+        return registry
 
-    def _is_final(self, value: Any) -> bool:
-        return tf.is_tensor(value) and self._final_outputs().get(id(value)) is value
+    def _mark_final(self, leaf: Any, *, for_sum: bool) -> None:
+        """Registers `leaf` as Keras's log already reduced (for MEAN; and SUM with `for_sum`)."""
+        self._final_outputs(for_sum=False)[id(leaf)] = leaf
+        if for_sum:
+            self._final_outputs(for_sum=True)[id(leaf)] = leaf
+
+    def _is_final(self, value: Any, for_sum: bool) -> bool:
+        return tf.is_tensor(value) and self._final_outputs(for_sum).get(id(value)) is value
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
         """`tf.distribute.Strategy.reduce`; see the module docstring for input values."""
         leaves = tf.nest.flatten(value)
-        if reduce_op in _MEAN_OR_SUM and all(map(self._is_final, leaves)):
-            return value  # Keras's logs, already reduced over every replica.
+        if reduce_op in _MEAN or reduce_op in _SUM:
+            for_sum = reduce_op in _SUM
+            if all(self._is_final(leaf, for_sum) for leaf in leaves):
+                return value  # Keras's logs, already reduced over every replica.
         if axis is not None or not any(map(input_values.is_input_value, leaves)):
             return super().reduce(reduce_op, value, axis)  # type: ignore[misc]
 
@@ -252,7 +265,8 @@ class DistributedInputMixin:
         return tf.nest.map_structure(reduce_leaf, value)
 
 
-_MEAN_OR_SUM = ("MEAN", "SUM", tf.distribute.ReduceOp.MEAN, tf.distribute.ReduceOp.SUM)
+_MEAN = ("MEAN", tf.distribute.ReduceOp.MEAN)
+_SUM = ("SUM", tf.distribute.ReduceOp.SUM)
 
 
 def _has_distributed_values(data: Any) -> bool:
