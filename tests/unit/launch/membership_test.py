@@ -53,6 +53,20 @@ def _run(body, workers, out, *, restarts=0, slots_file=None, shape=None):
     return result, err.getvalue()
 
 
+def _ends_once(task, how):
+    """A body in which task `task` (an expression for its name) ends its first attempt by statement `how`.
+
+    The other tasks of the first attempt wait to be stopped.
+    """
+    return (
+        f"if first and name == {task}:\n"
+        "    open(os.path.join(out, 'done'), 'w').close()\n"
+        f"    {how}\n"
+        "if first:\n"
+        "    time.sleep(60)\n"
+    )
+
+
 def _attempts(out):
     return sorted(int(n.split("-")[1]) for n in os.listdir(out) if n.startswith("workers-"))
 
@@ -86,13 +100,7 @@ class WorkerRangeTest(parameterized.TestCase):
 class ElasticJobTest(absltest.TestCase):
     def test_a_lost_worker_leaves_the_job_one_worker_short(self):
         out = self.create_tempdir().full_path
-        body = (
-            "if first and name == f'worker:{n - 1}':\n"
-            "    open(os.path.join(out, 'done'), 'w').close()\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "if first:\n"
-            "    time.sleep(60)\n"
-        )
+        body = _ends_once("f'worker:{n - 1}'", 'os.kill(os.getpid(), signal.SIGKILL)')
         result, log = _run(body, membership.WorkerRange(2, 3), out, restarts=1)
         self.assertTrue(result.succeeded, log)
         self.assertEqual(_attempts(out), [2, 3])
@@ -117,13 +125,7 @@ class ElasticJobTest(absltest.TestCase):
 
     def test_a_preempted_task_is_relaunched_without_using_a_restart(self):
         out = self.create_tempdir().full_path
-        body = (
-            "if first and name == 'worker:1':\n"
-            "    open(os.path.join(out, 'done'), 'w').close()\n"
-            "    os._exit(143)\n"
-            "if first:\n"
-            "    time.sleep(60)\n"
-        )
+        body = _ends_once("'worker:1'", 'os._exit(143)')
         result, log = _run(body, membership.WorkerRange(1, 2), out, restarts=0)
         self.assertTrue(result.succeeded, log)
         self.assertIn("membership: task worker:1 was preempted (saved at a step, exit 143); "
@@ -207,13 +209,7 @@ class ElasticJobTest(absltest.TestCase):
 
     def test_a_script_error_is_restarted_on_as_many_workers_not_taken_for_a_loss(self):
         out = self.create_tempdir().full_path
-        body = (
-            "if first and name == 'worker:2':\n"
-            "    open(os.path.join(out, 'done'), 'w').close()\n"
-            "    sys.exit(3)\n"
-            "if first:\n"
-            "    time.sleep(60)\n"
-        )
+        body = _ends_once("'worker:2'", 'sys.exit(3)')
         result, log = _run(body, membership.WorkerRange(2, 3), out, restarts=1)
         self.assertTrue(result.succeeded, log)
         self.assertEqual(_attempts(out), [3])
