@@ -118,7 +118,7 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
     ) -> Any:
         pairs = [(per_replica_value, destinations)]
         if self._takes_fast_path(pairs):
-            return self._batch_reduce_dense(reduce_op, pairs, options)[0]
+            return self._batch_reduce_dense(reduce_op, pairs, options)[0][0]
         return super().reduce_implementation(
             reduce_op, per_replica_value, destinations, options
         )
@@ -126,19 +126,7 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
     def batch_reduce_implementation(
         self, reduce_op: Any, value_destination_pairs: Any, options: Any
     ) -> Any:
-        pairs = list(value_destination_pairs)
-        fast = [self._takes_fast_path([pair]) for pair in pairs]
-        if all(fast) or not any(fast):
-            if pairs and fast[0]:
-                return self._batch_reduce_dense(reduce_op, pairs, options)
-            return super().batch_reduce_implementation(reduce_op, pairs, options)
-        # A step's gradients of both kinds (a model with a token embedding):
-        # each kind its own way, every worker in the same order.
-        dense = iter(self._batch_reduce_dense(
-            reduce_op, [p for p, f in zip(pairs, fast) if f], options))
-        other = iter(super().batch_reduce_implementation(
-            reduce_op, [p for p, f in zip(pairs, fast) if not f], options))
-        return [next(dense) if f else next(other) for f in fast]
+        return self._reduce_by_path(reduce_op, list(value_destination_pairs), options, ())[0]
 
     def batch_reduce_with_riders(
         self, values: Sequence[Any], riders: Sequence[Any]
@@ -165,24 +153,39 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
           devices (plain tensors with one local device).
         """
         pairs = [(value, value) for value in map(self._per_replica, values)]
-        rider_values = [self._per_replica(r) for r in riders]
-        fast = [self._takes_fast_path([pair]) for pair in pairs]
-        dense_pairs = [p for p, f in zip(pairs, fast) if f]
-        if rider_values:
-            dense, reduced_riders = self._batch_reduce_dense(
-                tf.distribute.ReduceOp.SUM, dense_pairs, self._tf_options, rider_values
-            )
-        else:
-            dense, reduced_riders = self._batch_reduce_dense(
-                tf.distribute.ReduceOp.SUM, dense_pairs, self._tf_options
-            ), []
-        other = iter(super().batch_reduce_implementation(
-            tf.distribute.ReduceOp.SUM, [p for p, f in zip(pairs, fast) if not f], self._tf_options
-        ) if not all(fast) else ())
-        dense_iter = iter(dense)
-        return [next(dense_iter) if f else next(other) for f in fast], reduced_riders
+        return self._reduce_by_path(
+            tf.distribute.ReduceOp.SUM,
+            pairs,
+            self._tf_options,
+            [self._per_replica(r) for r in riders],
+        )
 
     # -- implementation ------------------------------------------------------
+
+    def _reduce_by_path(
+        self,
+        reduce_op: Any,
+        pairs: list[tuple[Any, Any]],
+        options: Any,
+        riders: Sequence[Any],
+    ) -> tuple[list[Any], list[Any]]:
+        """(reduced `pairs`, in order; reduced `riders`): each value on its path.
+
+        Dense floating values take tfdist's bucketed path (`riders` in its
+        first float32 bucket); the rest (a token embedding's rows beside
+        dense kernels) TF's, every worker in the same order.
+        """
+        fast = [self._takes_fast_path([pair]) for pair in pairs]
+        dense: list[Any] = []
+        rider_sums: list[Any] = []
+        if any(fast) or riders:
+            dense, rider_sums = self._batch_reduce_dense(
+                reduce_op, [p for p, f in zip(pairs, fast) if f], options, riders
+            )
+        slow = [p for p, f in zip(pairs, fast) if not f]
+        other = iter(super().batch_reduce_implementation(reduce_op, slow, options) if slow else ())
+        dense_iter = iter(dense)
+        return [next(dense_iter) if f else next(other) for f in fast], rider_sums
 
     def _per_replica(self, value: Any) -> Any:
         if cross_device.is_distributed_value(value):
@@ -210,11 +213,10 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         pairs: list[tuple[Any, Any]],
         options: Any,
         riders: Sequence[Any] = (),
-    ) -> Any:
-        """The fast path's reduction of `pairs`; with `riders`, also their sums.
+    ) -> tuple[list[Any], list[Any]]:
+        """The fast path's reduction of `pairs`, and of `riders` (summed).
 
-        Returns the reduced values (one `Mirrored` each) or, when `riders`
-        is given, (reduced values, reduced riders).
+        Returns (the reduced values, the reduced riders), one `Mirrored` each.
         """
         reduce_op = cross_device_ops.as_reduce_op(reduce_op)
         devices = list(self._local_devices)
@@ -265,9 +267,8 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
                     for piece, c in zip(results[k], value.values)
                 ]
         mirrored = [cross_device.make_mirrored(result) for result in results]
-        if not riders:
-            return mirrored
-        assert rider_sums is not None
+        if rider_sums is None:
+            return mirrored, []
         return mirrored, _rider_results(riders, rider_sums, devices)
 
     def _reduce_bucket(

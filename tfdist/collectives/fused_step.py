@@ -95,11 +95,15 @@ class StepFusion:
     Args:
       strategy: The tfdist strategy running the step. With `logs_ride`,
         its `cross_device_ops` must have `batch_reduce_with_riders` and its
-        `reduce` must first ask `reduce` here.
+        `reduce` must first ask `reduce` here while the step is traced
+        (`DistributedInputMixin` does).
       step: Keras's train step (`keras_compat.keras_step`).
       logs_ride: Whether the logs travel with the gradients (step 4);
         otherwise Keras reduces them after `run`, as it writes the step.
     """
+
+    #: `reduce`'s answer for a value it leaves to the strategy.
+    NOT_NOTED = NOT_NOTED
 
     def __init__(self, strategy: Any, step: keras_compat.KerasStep, *, logs_ride: bool) -> None:
         self._strategy = strategy

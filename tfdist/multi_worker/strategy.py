@@ -28,15 +28,13 @@ appears.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from collections.abc import Iterator
+
 from typing import Any
 
 import tensorflow as tf
 
 from tfdist import errors
-from tfdist._internal import attributes
 from tfdist._internal import cross_device
 from tfdist._internal import keras_compat
 from tfdist import _validation as validation
@@ -218,8 +216,6 @@ class MultiWorkerMirroredStrategy(
                 )
         self._timeout_s = timeout
         self._shard_options = shard_options
-        # The fused train step being traced (`reduce` consults it), if any.
-        self._fusion_tracing: fused_step.StepFusion | None = None
         self._input_service = (
             data_service.ChiefInputService(
                 config, self._input_layout(), timeout_s=timeout
@@ -248,12 +244,6 @@ class MultiWorkerMirroredStrategy(
         Fixes the two Keras 3 multi-worker failures described in the module
         docstring; results are otherwise TF's.
         """
-        fusion = self._fusion_tracing
-        if fusion is not None:
-            noted = fusion.reduce(reduce_op, value, axis)
-            if noted is not fused_step.NOT_NOTED:
-                return noted
-
         def reduce_one(component: Any) -> Any:
             first = (
                 component.values[0]
@@ -275,7 +265,7 @@ class MultiWorkerMirroredStrategy(
             or not keras_compat.computes_metrics_as_keras(step.model)
         ):
             return None
-        return _Traced(self, fused_step.StepFusion(self, step, logs_ride=True))
+        return fused_step.StepFusion(self, step, logs_ride=True)
 
     @property
     def shard_options(self) -> data_options.ShardOptions | None:
@@ -336,19 +326,3 @@ def _communication_settings(
     if implementation == tf.distribute.experimental.CommunicationImplementation.AUTO:
         implementation = ring
     return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, implementation
-
-
-class _Traced:
-    """A `StepFusion` that the strategy's `reduce` consults while it is installed."""
-
-    def __init__(self, strategy: MultiWorkerMirroredStrategy, fusion: fused_step.StepFusion) -> None:
-        self._strategy = strategy
-        self._fusion = fusion
-        self.wrap = fusion.wrap
-        self.finish = fusion.finish
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        with self._fusion.installed(), attributes.swapped(self._strategy, "_fusion_tracing", self._fusion):
-            yield
-

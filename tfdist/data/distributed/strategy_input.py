@@ -30,6 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist._internal import attributes
 from tfdist._internal import input_values
 from tfdist._internal import keras_compat
 from tfdist.data import options as data_options
@@ -156,7 +157,9 @@ class DistributedInputMixin:
             fn, args = train_weights.with_exact_loss(fn, args, self.num_replicas_in_sync)
             fusion = self._train_step_fusion(step)
             if fusion is not None:
-                with keras_compat.gradients_scaled(step.model), fusion.installed():
+                with keras_compat.gradients_scaled(step.model), fusion.installed(), attributes.swapped(
+                    self, "_fusion_tracing", fusion
+                ):
                     outputs = super().run(fusion.wrap(fn), args, kwargs, options)  # type: ignore[misc]
                 outputs, final = fusion.finish(outputs)
                 if final is None:  # Not fused after all: reduced as Keras writes it.
@@ -246,7 +249,16 @@ class DistributedInputMixin:
         return tf.is_tensor(value) and self._final_outputs(for_sum).get(id(value)) is value
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
-        """`tf.distribute.Strategy.reduce`; see the module docstring for input values."""
+        """`tf.distribute.Strategy.reduce`; see the module docstring for input values.
+
+        While a fused train step is traced, its `reduce` answers first
+        (tf-keras's metric reads: `tfdist/collectives/fused_step.py`).
+        """
+        fusion = getattr(self, "_fusion_tracing", None)
+        if fusion is not None:
+            noted = fusion.reduce(reduce_op, value, axis)
+            if noted is not fusion.NOT_NOTED:
+                return noted
         leaves = tf.nest.flatten(value)
         if reduce_op in _MEAN or reduce_op in _SUM:
             for_sum = reduce_op in _SUM
