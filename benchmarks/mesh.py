@@ -9,7 +9,12 @@ intra-op thread each (one core per device, as if each were a device of its
 own: a split can use both cores where one device uses one; the ideal
 speed-up is 2x) and 3 inter-op threads. Contenders:
 
-- `one device`: no strategy;
+- `one device`: no strategy, free to use both cores (its independent ops, such
+  as two gradients' matrix products or Adam's per-variable updates, can run on
+  two inter-op threads at once);
+- `one device, one core`: the same, pinned to one core (`sched_setaffinity`):
+  a device of its own, as each logical CPU of the other contenders stands for
+  one, so a 2-way split's ideal is 2x against it;
 - `TF MirroredStrategy`: TF's built-in data parallelism over the 2 CPUs
   (TF has no built-in tensor parallelism for `fit` to compare with);
 - `data parallel`: `tfdist.MirroredStrategy` over the 2 CPUs;
@@ -18,7 +23,8 @@ speed-up is 2x) and 3 inter-op threads. Contenders:
 - `mesh 1x2`: the same with every large layer split 2 ways (automatic
   layouts: Megatron's), each batch whole on both devices.
 
-Each prints its median time per step over `--repeats` timed epochs of
+Each prints its median time per step and the cores it kept busy (process CPU
+time over wall time in the timed epochs; a single-core step shows ~1.0) over `--repeats` timed epochs of
 `--steps_per_epoch` steps (after `--warmup_epochs` untimed epochs: the first traces, and a
 mesh's second still ran up to 1.7x slower than its third in a diagnostic) and the bytes of
 variables (weights, optimizer slots) the busiest device holds. A contender
@@ -54,11 +60,13 @@ _WARMUP_EPOCHS = flags.DEFINE_integer("warmup_epochs", 2, "Untimed epochs first.
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 3, "Runs of every contender, in turns (the median and the range are reported).")
 _CONTENDER = flags.DEFINE_enum(
-    "contender", None, ["one_device", "tf_mirrored", "data_parallel", "mesh_2x1", "mesh_1x2"],
+    "contender", None, ["one_device", "one_device_1core", "tf_mirrored", "data_parallel", "mesh_2x1",
+                        "mesh_1x2"],
     "Internal: run one contender in this process and print JSON.")
 
 CONTENDERS = {
-    "one_device": "one device",
+    "one_device": "one device (both cores free)",
+    "one_device_1core": "one device, one core",
     "tf_mirrored": "TF MirroredStrategy (built-in)",
     "data_parallel": "data parallel (tfdist.MirroredStrategy)",
     "mesh_2x1": "mesh 2x1 (batch split)",
@@ -98,6 +106,8 @@ def _workload(np, keras):
 
 
 def _run_contender(name: str) -> dict:
+    if name == "one_device_1core":  # Before TensorFlow starts its threads.
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import numpy as np  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
@@ -110,6 +120,7 @@ def _run_contender(name: str) -> dict:
     build, x, y, batch = _workload(np, keras)
     strategy = {
         "one_device": tf.distribute.get_strategy,
+        "one_device_1core": tf.distribute.get_strategy,
         "tf_mirrored": tf.distribute.MirroredStrategy,
         "data_parallel": tfdist.MirroredStrategy,
         "mesh_2x1": lambda: tfdist.MeshStrategy({"batch": 2, "model": 1}, layout_map=None),
@@ -119,13 +130,14 @@ def _run_contender(name: str) -> dict:
     class Clock(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.seconds = []
+            self.seconds, self.cores = [], []
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_epoch_end(self, epoch, logs=None):
             self.seconds.append(time.perf_counter() - self.start)
+            self.cores.append((time.process_time() - self.cpu_start) / self.seconds[-1])
 
     try:
         with strategy.scope():
@@ -141,7 +153,9 @@ def _run_contender(name: str) -> dict:
     else:  # Every device holds every variable.
         held = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
                    for v in model.weights + model.optimizer.variables)
-    return {"step_s": statistics.median(clock.seconds[_WARMUP_EPOCHS.value:]) / _STEPS.value, "bytes": held}
+    timed = slice(_WARMUP_EPOCHS.value, None)
+    return {"step_s": statistics.median(clock.seconds[timed]) / _STEPS.value,
+            "cores": statistics.median(clock.cores[timed]), "bytes": held}
 
 
 def main(argv):
@@ -158,23 +172,26 @@ def main(argv):
                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "0"},
             ).stdout
             runs[name].append(json.loads(output.strip().splitlines()[-1]))
-    base = statistics.median(run["step_s"] for run in runs["one_device"])
+    base = statistics.median(run["step_s"] for run in runs["one_device_1core"])
+    free_base = statistics.median(run["step_s"] for run in runs["one_device"])
     tf_base = statistics.median(run["step_s"] for run in runs["tf_mirrored"])
     print(f"Command: python benchmarks/mesh.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"Workload {_WORKLOAD.value}; 2 logical CPUs (1 intra-op thread each, 3 inter-op threads); "
           f"{_ROUNDS.value} runs of each, each the median of {_REPEATS.value} epochs of "
           f"{_STEPS.value} steps\n")
-    print("| contender | step (ms), median [range] | speed-up vs one device | vs TF MirroredStrategy "
-          "| bytes per device (MiB) |")
-    print("|---|---|---|---|---|")
+    print("| contender | step (ms), median [range] | cores busy | vs one device, one core "
+          "| vs one device, both cores free | vs TF MirroredStrategy | bytes per device (MiB) |")
+    print("|---|---|---|---|---|---|---|")
     for name, rows in runs.items():
         if "error" in rows[0]:
-            print(f"| {CONTENDERS[name]} | refused: {rows[0]['error']} | | | |")
+            print(f"| {CONTENDERS[name]} | refused: {rows[0]['error']} | | | | | |")
             continue
         steps = sorted(row["step_s"] * 1e3 for row in rows)
         median = statistics.median(steps)
-        print(f"| {CONTENDERS[name]} | {median:.1f} [{steps[0]:.1f}-{steps[-1]:.1f}] | "
-              f"{base * 1e3 / median:.2f}x | {tf_base * 1e3 / median:.2f}x | {rows[0]['bytes'] / 2**20:.1f} |")
+        cores = statistics.median(row["cores"] for row in rows)
+        print(f"| {CONTENDERS[name]} | {median:.1f} [{steps[0]:.1f}-{steps[-1]:.1f}] | {cores:.2f} | "
+              f"{base * 1e3 / median:.2f}x | {free_base * 1e3 / median:.2f}x | "
+              f"{tf_base * 1e3 / median:.2f}x | {rows[0]['bytes'] / 2**20:.1f} |")
 
 
 if __name__ == "__main__":
