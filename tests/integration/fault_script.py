@@ -14,6 +14,8 @@ TF_CONFIG and trains a small model for 3 epochs of 8 steps. MODE:
   OUT_DIR/killed_at and sleeps before building the model (a slow data
   load or a debugger), so the others wait in the initial broadcast of
   variable values.
+- `mesh_kill`, `mesh_stall`: as `kill` and `stall`, under `tfdist.MeshStrategy({"batch": 2, "model": 2},
+  timeout_s=TIMEOUT_S)` on 2 logical CPUs per worker.
 Every task appends each epoch it begins to OUT_DIR/epochs-begun-<pid>.
 
 - `restart`: trains with `keras.callbacks.BackupAndRestore(OUT_DIR/backup)`;
@@ -114,6 +116,10 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
         # Serves (and never returns) on the worker and ps tasks.
         strategy = tfdist.ParameterServerStrategy(mode="sync", timeout_s=timeout_s)
         killer = "chief:0"
+    elif mode.startswith("mesh_"):
+        tfdist.simulate_cpu_devices(2)
+        strategy = tfdist.MeshStrategy({"batch": 2, "model": 2}, timeout_s=timeout_s)
+        killer = "worker:1"
     else:
         strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
         killer = "worker:1"
@@ -130,7 +136,7 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
         _KillAt(
             task.name == killer and first_attempt,
             out_dir,
-            mode == "stall",
+            mode.endswith("stall"),
             victim="ps-0.pid" if mode.startswith("ps_") else None,
         )
     ]

@@ -35,7 +35,7 @@ def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
         for task in tasks:
             task.kill()
     test.assertNotEqual(tasks[0].returncode, 0, tasks[0].stderr[-3000:])
-    if mode == "kill":
+    if mode.endswith("kill"):
         test.assertEqual(tasks[1].returncode, -9)  # SIGKILL, by its own hand.
     with open(os.path.join(out_dir, "worker:0.json")) as f:
         record = json.load(f)
@@ -45,11 +45,7 @@ def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
 
 class LostWorkerTest(tf.test.TestCase):
     def test_survivor_raises_tfdist_error_naming_killed_worker_in_time(self):
-        record, killed_at = _run_pair(self, "kill")
-        self.assertTrue(record["is_lost"], record)
-        self.assertEqual(record["task"], "worker:1")
-        self.assertIn("task worker:1 is lost", record["message"])
-        self.assertLess(record["raised_at"] - killed_at, fault_lib.TIMEOUT_S + fault_lib.MARGIN_S)
+        _assert_lost_worker_1_named_in_time(self, *_run_pair(self, "kill"))
 
     def test_launcher_exits_non_zero_naming_the_killed_worker(self):
         out_dir = self.create_tempdir().full_path
@@ -60,26 +56,42 @@ class LostWorkerTest(tf.test.TestCase):
         self.assertIn("task worker:1 was killed by SIGKILL", result.stderr)
 
 
-class StuckWorkerTest(tf.test.TestCase):
-    def _assert_timeout_naming_worker_1_in_time(self, record, stalled_at):
-        self.assertTrue(record["is_timeout"], record)
-        self.assertEqual(record["task"], "worker:1", record)
-        self.assertIn(f"waited more than timeout_s={fault_lib.TIMEOUT_S:g} s", record["message"])
-        self.assertIn("worker:1 (at collective", record["message"])
-        self.assertIn("did not arrive", record["message"])
-        elapsed = record["raised_at"] - stalled_at
-        self.assertGreater(elapsed, fault_lib.TIMEOUT_S - 1)  # Not before the bound...
-        self.assertLess(elapsed, fault_lib.TIMEOUT_S + fault_lib.MARGIN_S)  # ...and soon after it.
+def _assert_lost_worker_1_named_in_time(test, record, killed_at):
+    test.assertTrue(record["is_lost"], record)
+    test.assertEqual(record["task"], "worker:1")
+    test.assertIn("task worker:1 is lost", record["message"])
+    test.assertLess(record["raised_at"] - killed_at, fault_lib.TIMEOUT_S + fault_lib.MARGIN_S)
+
+
+def _assert_timeout_naming_worker_1_in_time(test, record, stalled_at):
+    test.assertTrue(record["is_timeout"], record)
+    test.assertEqual(record["task"], "worker:1", record)
+    test.assertIn(f"waited more than timeout_s={fault_lib.TIMEOUT_S:g} s", record["message"])
+    test.assertIn("worker:1 (at collective", record["message"])
+    test.assertIn("did not arrive", record["message"])
+    elapsed = record["raised_at"] - stalled_at
+    test.assertGreater(elapsed, fault_lib.TIMEOUT_S - 1)  # Not before the bound...
+    test.assertLess(elapsed, fault_lib.TIMEOUT_S + fault_lib.MARGIN_S)  # ...and soon after it.
+
+
+class MeshFaultTest(tf.test.TestCase):
+    """The same bounds under MeshStrategy, whose steps TF's DTensor runs asynchronously."""
+
+    def test_survivor_raises_tfdist_error_naming_killed_worker_in_time(self):
+        _assert_lost_worker_1_named_in_time(self, *_run_pair(self, "mesh_kill"))
 
     def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
-        self._assert_timeout_naming_worker_1_in_time(*_run_pair(self, "stall"))
+        _assert_timeout_naming_worker_1_in_time(self, *_run_pair(self, "mesh_stall"))
+
+
+class StuckWorkerTest(tf.test.TestCase):
+    def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
+        _assert_timeout_naming_worker_1_in_time(self, *_run_pair(self, "stall"))
 
     def test_worker_stuck_before_building_the_model_is_named_in_time(self):
         # The others wait in TF's broadcast of initial variable values,
         # which TF's own collective timeout never bounded.
-        self._assert_timeout_naming_worker_1_in_time(
-            *_run_pair(self, "stall_before_build")
-        )
+        _assert_timeout_naming_worker_1_in_time(self, *_run_pair(self, "stall_before_build"))
 
 
 def _threads_after_collectives(count: int) -> tuple[int, int]:

@@ -420,6 +420,10 @@ class MeshErrorsTest(parameterized.TestCase):
                 with self.assertRaisesRegex(errors.LayoutError, pattern):
                     tfdist.MeshStrategy(**kwargs)
 
+    def test_non_positive_timeout_raises_config_error_naming_it(self):
+        with self.assertRaisesRegex(errors.ConfigError, r"timeout_s.*-1"):
+            tfdist.MeshStrategy({"batch": 2, "model": 2}, layout_map={}, timeout_s=-1)
+
     @pytest.mark.skipif(not KERAS_3, reason=(
         "under tf-keras any split table fails in its lookup, refused as the row split is "
         "(tested in test_tf_keras_layer_norm_and_row_split_table_raise_layout_error_naming_the_fix)"))

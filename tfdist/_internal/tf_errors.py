@@ -42,6 +42,7 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.eager.polymorphic_function import atomic_function as _atomic_function
+from tensorflow.python.eager import context as _context
 
 from tfdist import errors
 
@@ -139,6 +140,16 @@ def _classified_message(error: tf.errors.OpError, classify: Classifier | None) -
         return message
     marked = classify(error)
     return message if marked is None else f"{marked}\n{message}"
+
+
+def wait_for_pending_ops() -> None:
+    """Blocks until the ops this process dispatched have run; raises the first error among them.
+
+    TF's DTensor runs a step asynchronously: the call returns at once and
+    an error (a lost peer's aborted collective) surfaces only where a
+    result is read, which Keras may never do in `fit`.
+    """
+    _context.async_wait()
 
 
 def as_tfdist_error(

@@ -44,13 +44,13 @@ Limits of this version: layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding table split by columns
 is refused (`LayoutError`: TF's DTensor cannot compile its lookup); a last batch the batch axis does not
-divide runs whole on every device (correct, not split; across workers, gathered from the workers' rows);
-across workers nothing watches for a lost worker (a collective waits for it).
+divide runs whole on every device (correct, not split; across workers, gathered from the workers' rows).
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,7 +61,9 @@ from tensorflow.experimental import dtensor
 from tfdist import cluster as cluster_lib
 from tfdist import devices as devices_lib
 from tfdist import errors
+from tfdist import _validation as validation
 from tfdist._internal import keras_ps
+from tfdist._internal import tf_errors
 from tfdist.data.distributed import data_service
 from tfdist.data.distributed import dataset as dataset_lib
 from tfdist.data.distributed import distribute
@@ -71,6 +73,7 @@ from tfdist.mesh import _dtensor
 from tfdist.mesh import _extended
 from tfdist.mesh import _multi_client
 from tfdist.mesh import layouts as layouts_lib
+from tfdist.watchdog import peer_watchdog
 
 __all__ = ["MeshStrategy"]
 
@@ -113,15 +116,27 @@ class MeshStrategy(tf.distribute.Strategy):
       batch_dim_name: The mesh axis each batch is split over (data
         parallelism); by default the mesh's first axis, as in Keras's
         `ModelParallel`.
+      timeout_s: On a cluster, the bound on one step (its first one's
+        compilation included) while a peer is alive but not taking part,
+        seconds (> 0); default 300. Unused in one process.
 
     Contract on a cluster: every worker creates the strategy, first thing
     after configuring its devices (it starts TF's DTensor runtime, which
     must come before anything else starts TensorFlow's; it blocks until
-    every worker has), and runs the same steps on the same datasets.
+    every worker has), and runs the same steps on the same datasets. A
+    watchdog thread then probes the other workers (`tfdist/watchdog/`): when
+    one is lost, every collective of this process is aborted and the
+    waiting `fit` raises `WorkerUnavailableError` naming it, within a few
+    seconds; a step still running after `timeout_s` is aborted with
+    `CollectiveTimeoutError` naming the workers behind. After either, this
+    process cannot run collectives again: restart the job. Keras's loops
+    wait for each step before the next (TF's DTensor runs steps
+    asynchronously); a custom loop on a cluster reads its results to see
+    its errors.
 
     Raises:
-      ConfigError: On a TF_CONFIG cluster: a task other than a worker, or
-        TensorFlow already started.
+      ConfigError: A non-positive `timeout_s`; on a TF_CONFIG cluster: a
+        task other than a worker, or TensorFlow already started.
       LayoutError: A mesh whose size is not its number of devices, a layout
         naming an axis the mesh lacks, a `batch_dim_name` not in the mesh,
         on a cluster a batch axis that is not first or other axes that
@@ -136,7 +151,11 @@ class MeshStrategy(tf.distribute.Strategy):
         mesh: Any,
         layout_map: Any = None,
         batch_dim_name: str | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> None:
+        timeout = validation.check_positive_number(
+            "timeout_s", peer_watchdog.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         config = cluster_lib.parse_tf_config()
         cluster = config if _multi_client.is_multi_client(config) else None
         devices = devices_lib.local_devices() if cluster is None else _multi_client.start(cluster)
@@ -166,6 +185,13 @@ class MeshStrategy(tf.distribute.Strategy):
         super().__init__(
             _extended.MeshExtended(self, mesh=self._mesh, rules=rules, batch_dim_name=batch_dim_name)
         )
+        self._watchdog: peer_watchdog.PeerWatchdog | None = None
+        if cluster is not None:
+            self._watchdog = peer_watchdog.PeerWatchdog(
+                cluster, timeout_s=timeout, peer_jobs=("worker",), bound_eager_calls=True)
+            self._watchdog.start()
+            # Not beyond this strategy: its probes and its hook on TF's errors.
+            weakref.finalize(self, self._watchdog.stop)
 
     @property
     def mesh(self) -> layouts_lib.MeshSpec:
@@ -286,6 +312,24 @@ class MeshStrategy(tf.distribute.Strategy):
     # ------------------------------------------------------------------
     # Keras's loop.
 
+    def _run_step(self, function: Any, batch: Any) -> Any:
+        """`function(batch)`; on a cluster, waited for and bounded by the watchdog.
+
+        TF's DTensor runs a step asynchronously, and its errors surface only
+        where a result is read, which Keras may never do in `fit`: a lost
+        worker's aborted collectives would leave the rest of the job to run
+        as empty steps and `fit` to return as if it had trained.
+        """
+        if self._watchdog is None:
+            return function(batch)
+
+        def step_and_wait() -> Any:
+            logs = function(batch)
+            tf_errors.wait_for_pending_ops()
+            return logs
+
+        return self._watchdog.run_bounded(step_and_wait)
+
     def _install_step_functions(self, model: Any) -> None:
         if keras_ps.installed_owner(model) is self:
             return
@@ -293,6 +337,7 @@ class MeshStrategy(tf.distribute.Strategy):
         if unused:
             logging.warning(_unused_keys_message(unused))
         strategy = self
+        run_step = self._run_step
 
         def compiled(step: Any) -> Any:
             function = tf.function(lambda data: strategy.run(step, args=(data,)))
@@ -343,7 +388,7 @@ class MeshStrategy(tf.distribute.Strategy):
                         if index == 0:
                             raise
                         break
-                    logs = function(batch)
+                    logs = run_step(function, batch)
                 return logs
 
             return run

@@ -54,7 +54,7 @@ from tfdist.watchdog import startup
 __all__ = ["DEFAULT_TIMEOUT_S", "MultiWorkerMirroredStrategy"]
 
 #: Default bound on one cross-worker collective, in seconds.
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = peer_watchdog.DEFAULT_TIMEOUT_S
 
 
 class MultiWorkerMirroredStrategy(

@@ -47,12 +47,13 @@ from tfdist.parameter_server import scheduler as scheduler_lib
 from tfdist.parameter_server import service_input
 from tfdist.parameter_server import sync_runner
 from tfdist.parameter_server import update_gate
+from tfdist.watchdog import peer_watchdog
 from tfdist.watchdog import startup
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MODES", "ParameterServerStrategy"]
 
 #: Default bound on start-up and on one step, in seconds.
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = peer_watchdog.DEFAULT_TIMEOUT_S
 #: The synchronisation modes.
 MODES = ("async", "sync")
 #: Steps in flight per worker (queued or running) before `fit` waits.

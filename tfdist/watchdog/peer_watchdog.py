@@ -49,7 +49,10 @@ from tfdist.cluster import spec as spec_lib
 from tfdist.watchdog import clock as clock_lib
 from tfdist.watchdog import startup
 
-__all__ = ["PeerWatchdog"]
+__all__ = ["DEFAULT_TIMEOUT_S", "PeerWatchdog"]
+
+#: Default bound on one cross-task collective, in seconds (every strategy's `timeout_s`).
+DEFAULT_TIMEOUT_S = 300.0
 
 _FINISHED_KEY = "tfdist/finished/{task}"
 _PROGRESS_KEY = "tfdist/progress/{task}"
@@ -72,6 +75,8 @@ class PeerWatchdog:
         (their launchers are wrapped here); empty: probe peers only.
       extended: A MultiWorkerMirroredStrategy's `extended`, whose initial
         variable broadcasts to bound too; None: none.
+      bound_eager_calls: Whether `run_bounded` will be used (it needs the
+        collective clock).
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class PeerWatchdog:
         peer_jobs: Sequence[str] = ("chief", "worker"),
         collective_ops: Sequence[Any] = (),
         extended: Any = None,
+        bound_eager_calls: bool = False,
     ) -> None:
         assert config.task is not None and config.cluster is not None
         self._task = config.task
@@ -99,7 +105,7 @@ class PeerWatchdog:
         )
         self._timeout_s = timeout_s
         self._clock: clock_lib.CollectiveClock | None = None
-        if collective_ops or extended is not None:
+        if collective_ops or extended is not None or bound_eager_calls:
             clock = clock_lib.CollectiveClock(f"{startup.device_name(config.task)}/device:CPU:0")
             cross_device.watch_collectives(
                 collective_ops, clock.before, clock.after, self._eager_error
@@ -140,6 +146,19 @@ class PeerWatchdog:
             self._remove_hook = None
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + self.probe_timeout_s * 2)
+
+    def run_bounded(self, call: Callable[[], Any]) -> Any:
+        """Runs a blocking eager `call` as one collective in flight, bounded by `timeout_s`.
+
+        For work whose cross-task collectives TF runs where tfdist cannot
+        wrap them one by one: a step of TF's DTensor on a multi-client mesh,
+        waited for. `call` must block until its collectives have finished
+        (or raise). Its TF errors caused by a lost peer or an overdue wait
+        are raised as tfdist's classes; others as they are. Needs
+        `bound_eager_calls=True` at construction.
+        """
+        assert self._clock is not None, "built without bound_eager_calls"
+        return self._run_eager(self._clock, call)
 
     def _eager_error(self, error: tf.errors.OpError) -> BaseException:
         if self._clock is not None:
