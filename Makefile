@@ -130,6 +130,7 @@ bench: $(EXTRAS_BENCH)
 	$(PY) benchmarks/mesh_route.py
 	$(PY) benchmarks/mesh.py --workload=mlp --steps_per_epoch=20
 	$(PY) benchmarks/mesh.py --workload=transformer --steps_per_epoch=20
+	$(PY) benchmarks/mesh_memory.py --plot=benchmarks/mesh_memory.png
 
 # The pages of docs/ and the API reference from the docstrings, offline:
 # nitpicky (-n), every warning an error (-W, after reporting them all). The
