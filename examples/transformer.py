@@ -14,12 +14,14 @@ Keras script plus the lines marked `# tfdist:`.
     python examples/transformer.py --strategy=mirrored   # data parallel, to compare
     python examples/transformer.py --strategy=single     # one device
     python examples/transformer.py --data_path=my.npz    # your own: x (N, maxlen) token ids, y (N,)
+    TF_USE_LEGACY_KERAS=1 python examples/transformer.py --dropout=0   # tf-keras
 
 With --strategy=mesh the layouts are chosen automatically (Megatron's rules:
 attention by heads, the feed-forward pair column- then row-parallel,
 embedding tables by rows), and the layout report says what each variable
-got and why. Keras 3 only for the mesh (tf-keras's LayerNormalization and
-its optimizers' row updates cannot be laid out by TF's DTensor).
+got and why. Under tf-keras (TF_USE_LEGACY_KERAS=1) the mesh needs
+--dropout=0: tf-keras's Dropout draws with stateful random ops, which TF's
+DTensor refuses (the strategy says so); its embedding tables stay whole.
 
 Prints Keras's progress, then per-epoch validation accuracy and examples/s,
 the layout report (mesh), and the test accuracy.
@@ -65,6 +67,7 @@ _NUM_EXAMPLES = flags.DEFINE_integer(
 _GLOBAL_BATCH_SIZE = flags.DEFINE_integer(
     "global_batch_size", 64, "Batch size summed over all replicas.", lower_bound=1)
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Training epochs.", lower_bound=1)
+_DROPOUT = flags.DEFINE_float("dropout", 0.1, "Dropout rate (keras-io's 0.1).", lower_bound=0, upper_bound=0.99)
 _STEPS = flags.DEFINE_integer(
     "steps", None, "If set, stop each epoch after this many steps (smoke runs).", lower_bound=1)
 _DATA_PATH = flags.DEFINE_string(
@@ -86,6 +89,7 @@ class TrainConfig:
     num_examples: int = 4096
     global_batch_size: int = 64
     epochs: int = 3
+    dropout: float = 0.1
     steps: int | None = None
     data_path: str | None = None
 
@@ -131,11 +135,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 def build_model(config: TrainConfig):
     inputs = keras.layers.Input(shape=(config.maxlen,), dtype="int32")
     x = TokenAndPositionEmbedding(config.maxlen, config.vocab_size, config.embed_dim)(inputs)
-    x = TransformerBlock(config.embed_dim, config.num_heads, config.ff_dim)(x)
+    x = TransformerBlock(config.embed_dim, config.num_heads, config.ff_dim, rate=config.dropout)(x)
     x = keras.layers.GlobalAveragePooling1D()(x)
-    x = keras.layers.Dropout(0.1)(x)
+    x = keras.layers.Dropout(config.dropout)(x)
     x = keras.layers.Dense(20, activation="relu")(x)
-    x = keras.layers.Dropout(0.1)(x)
+    x = keras.layers.Dropout(config.dropout)(x)
     outputs = keras.layers.Dense(2, activation="softmax")(x)
     model = keras.Model(inputs=inputs, outputs=outputs)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -226,6 +230,7 @@ def main(argv: Sequence[str]) -> None:
         num_examples=_NUM_EXAMPLES.value,
         global_batch_size=_GLOBAL_BATCH_SIZE.value,
         epochs=_EPOCHS.value,
+        dropout=_DROPOUT.value,
         steps=_STEPS.value,
         data_path=_DATA_PATH.value,
     ))

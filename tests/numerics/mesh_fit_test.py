@@ -109,6 +109,25 @@ def _transformer():
     return model
 
 
+def _image_batch_norm():
+    """A BatchNormalization over 2x2 images: tf-keras's fused kernel (rank 4)."""
+    model = keras.Sequential([
+        keras.Input((2, 2, 2)),
+        keras.layers.BatchNormalization(name="norm"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(3, name="head"),
+    ])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _dropout():
+    model = keras.Sequential([
+        keras.Input((8,)), keras.layers.Dropout(0.5), keras.layers.Dense(3, name="head")])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def _data(tokens=False):
     rng = np.random.default_rng(0)
     if tokens:
@@ -194,9 +213,6 @@ def _strategy(shape, layout):
     return tfdist.MeshStrategy(mesh, layout_map=layout_map, batch_dim_name="batch")
 
 
-# TF's DTensor cannot lay out tf-keras's LayerNormalization (FusedBatchNormV3):
-# the strategy refuses it with LayoutError (MeshErrorsTest).
-TF_KERAS_LAYER_NORM = "tf-keras's LayerNormalization is refused on a mesh (tested in MeshErrorsTest)"
 TF_KERAS_ROW_SPLIT = (
     "tf-keras looks a table up with ResourceGather, which TF's DTensor cannot run on a table "
     "split by rows: refused on a mesh (tested in MeshErrorsTest)")
@@ -230,8 +246,6 @@ class MeshFitTest(parameterized.TestCase):
 
     @parameterized.named_parameters(("tensor_parallel", (1, 4)), ("batch_split", (4, 1)))
     def test_transformer_block_split_by_heads_matches_one_device(self, shape):
-        if not KERAS_3:
-            self.skipTest(TF_KERAS_LAYER_NORM)
         # On 4 x 1 attention's 3-D kernels made TF's DTensor read SGD's
         # momentum before writing it, until writes were forwarded to reads.
         x, y = _data(tokens=True)
@@ -248,7 +262,6 @@ class MeshFitTest(parameterized.TestCase):
         self.assertRegex(report, r"token/embeddings \| \(32, 16\) \| \(None, None\)")
         self.assertRegex(report, r"norm_1/gamma \| \(16,\) \| \(None,\)")
 
-    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_LAYER_NORM)
     def test_automatic_layouts_split_the_transformer_as_megatron_and_match_one_device(self):
         x, y = _data(tokens=True)
         strategy = tfdist.MeshStrategy({"batch": 1, "model": 4}, layout_map=None)
@@ -263,14 +276,15 @@ class MeshFitTest(parameterized.TestCase):
             ("attention/value/kernel", r"\(None, 'model', None\)", "split by heads"),
             ("mlp_up/kernel", r"\(None, 'model'\)", "column-parallel"),
             ("mlp_down/kernel", r"\('model', None\)", "row-parallel"),
-            ("token/embeddings", r"\('model', None\)", "embedding: split by rows"),
+            ("token/embeddings", r"\('model', None\)", "embedding: split by rows") if KERAS_3
+            else ("token/embeddings", r"\(None, None\)", "tf-keras's lookup cannot run on a split table"),
             ("head/kernel", r"\(None, None\)", "3 outputs do not divide"),
         ):
             with self.subTest(variable=variable):
                 self.assertRegex(report, rf"{variable} \| [^|]+ \| {axes} \| \d+ \| [^|\n]*{why}")
 
 
-    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_LAYER_NORM)
+    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_ROW_SPLIT)
     def test_transformer_with_its_table_split_by_rows_on_a_hybrid_mesh_matches_one_device(self):
         x, y = _data(tokens=True)
         strategy = _strategy((2, 2), {**TRANSFORMER_LAYOUT, ".*token/embeddings": ("model", None)})
@@ -440,16 +454,20 @@ class MeshErrorsTest(parameterized.TestCase):
             model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
     @pytest.mark.skipif(KERAS_3, reason="tf-keras's own refusals")
-    def test_tf_keras_layer_norm_and_row_split_table_raise_layout_error_naming_the_fix(self):
-        # Obscure otherwise: DTensor fails on FusedBatchNormV3 or on the
-        # lookup of a table split by rows with an UnknownError naming no layer.
-        x, y = _data(tokens=True)
-        for build, pattern in (
-            (_transformer, "'FusedBatchNormV3'.*LayerNormalization"),
-            (_embedding_bag, r"table split by rows.*ResourceGather.*keep it whole"),
+    def test_tf_keras_batch_norm_dropout_and_row_split_table_raise_layout_error_naming_the_fix(self):
+        # Obscure otherwise: DTensor fails on FusedBatchNormV3, on a stateful
+        # random op or on the lookup of a table split by rows with an
+        # UnknownError naming no layer.
+        for build, tokens, pattern in (
+            (_image_batch_norm, False, "'FusedBatchNormV3'.*BatchNormalization"),
+            (_dropout, False, r"stateful random ops.*Dropout.*dropout rate 0"),
+            (_embedding_bag, True, r"table split by rows.*ResourceGather.*keep it whole"),
         ):
             with self.subTest(model=build.__name__):
-                strategy = _strategy((1, 4), {**TRANSFORMER_LAYOUT, ".*token/embeddings": ("model", None)})
+                x, y = _data(tokens=tokens)
+                if build is _image_batch_norm:
+                    x = x.reshape(-1, 2, 2, 2)
+                strategy = _strategy((1, 4), {".*token/embeddings": ("model", None)})
                 with strategy.scope():
                     model = build()
                 with self.assertRaisesRegex(errors.LayoutError, pattern):

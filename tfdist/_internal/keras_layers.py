@@ -12,7 +12,10 @@ Keras, for Keras 3 and tf-keras alike:
   (`calls_wrapped`): the layer's `call` is replaced on the instance (both
   front ends' `Layer.__call__` look `self.call` up on the instance) for the
   duration of a `with` block, and restored after;
-- the layers a model holds at its top level (`top_level_layers`).
+- the layers a model holds at its top level (`top_level_layers`);
+- tf-keras's `LayerNormalization` made to compute without TF's fused
+  batch-norm kernel (`unfuse_tf_keras_layer_norms`: the instance's
+  `_fused_can_be_used` and `_fused`), which TF's DTensor cannot lay out.
 
 `tfdist/placement/_layer_trace.py` traces a forward pass with these wrappers.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -36,6 +40,7 @@ __all__ = [
     "resource_variables",
     "storage_variable",
     "top_level_layers",
+    "unfuse_tf_keras_layer_norms",
 ]
 
 #: Wraps a layer's original `call`; returns the replacement.
@@ -77,6 +82,33 @@ def has_state_updates(layer: Any) -> bool:
 def top_level_layers(model: Any) -> list[Any]:
     """The layers `model` holds directly (Keras's `model.layers`)."""
     return list(model.layers)
+
+
+def unfuse_tf_keras_layer_norms(model: Any) -> int:
+    """Makes the tf-keras `LayerNormalization`s in `model` compute without FusedBatchNormV3.
+
+    tf-keras normalizes a layer's last axis with TF's fused batch-norm
+    kernel where it can; it computes the same mean, variance and affine
+    map with elementwise ops otherwise (its own fallback path, e.g. for
+    float16 inputs on other axes). Only this model's layers change, for
+    their lifetime, whether built yet or not; Keras 3 layers (which never
+    fuse) are skipped. Idempotent.
+
+    Returns:
+      How many layers changed.
+    """
+    module = sys.modules.get("tf_keras.src.layers.normalization.layer_normalization")
+    if module is None:
+        return 0
+    changed = 0
+    for layer in [model, *model.submodules]:
+        if not isinstance(layer, module.LayerNormalization) or "_fused_can_be_used" in vars(layer):
+            continue
+        layer._fused_can_be_used = lambda ndims: False
+        if layer._fused:
+            layer._fused = False
+        changed += 1
+    return changed
 
 
 @contextlib.contextmanager

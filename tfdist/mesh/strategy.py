@@ -44,7 +44,9 @@ Limits of this version: layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding table split by columns
 is refused (`LayoutError`: TF's DTensor cannot compile its lookup); a last batch the batch axis does not
-divide runs whole on every device (correct, not split; across workers, gathered from the workers' rows).
+divide runs whole on every device (correct, not split; across workers, gathered from the workers' rows);
+under tf-keras, what TF's DTensor cannot lay out is refused with a `LayoutError` naming the fix (fused
+batch norm, stateful random ops, a table split by rows), and its layer norms take tf-keras's unfused path.
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ from tfdist import cluster as cluster_lib
 from tfdist import devices as devices_lib
 from tfdist import errors
 from tfdist import _validation as validation
+from tfdist._internal import keras_layers
 from tfdist._internal import keras_ps
 from tfdist._internal import tf_errors
+from tfdist._internal import tf_keras_sharded
 from tfdist.data.distributed import data_service
 from tfdist.data.distributed import dataset as dataset_lib
 from tfdist.data.distributed import distribute
@@ -80,12 +84,27 @@ __all__ = ["MeshStrategy"]
 #: How long a worker waits for the chief's input service (seconds).
 _INPUT_TIMEOUT_S = 60.0
 
-#: How TF's DTensor refuses an op it has no layout rule for.
-_UNSUPPORTED_OP = re.compile(r"'tf\.(\w+)' op does not implement layout propagation")
-#: How TF's DTensor refuses tf-keras's lookup of a table split by rows.
-_SPLIT_GATHER = "does not support sharded 0th dimension for the resource tensor for ResourceGatherOp"
-#: How TF's DTensor refuses a convolution whose filter is split.
-_SPLIT_FILTER = "Filter for convolution must have fully replicated layout"
+#: How TF's DTensor refuses what it cannot lay out (in its UnknownError,
+#: which names no layer), and what tfdist says instead: (pattern, message;
+#: "{op}" is the pattern's first group, "{kernels}" the split kernels).
+_REFUSALS = (
+    (r"does not support sharded 0th dimension for the resource tensor for ResourceGatherOp",
+     "TF's DTensor cannot look up an embedding table split by rows the way tf-keras does "
+     "(ResourceGather on the variable). Under tf-keras keep it whole (leave it out of "
+     "layout_map); Keras 3's Embedding looks a row-split table up."),
+    (r"Filter for convolution must have fully replicated layout",
+     "TF's DTensor computes a convolution only with its whole filter, and a convolution "
+     "kernel of this model is split by layout_map ({kernels}). Keep convolution kernels "
+     "whole (leave them out of layout_map); split the Dense and attention layers around them."),
+    (r"Stateful random operations are not supported in DTensor",
+     "TF's DTensor cannot run stateful random ops, which tf-keras's Dropout and other "
+     "random layers draw with (Keras 3's draw statelessly). Under tf-keras train this "
+     "model without them on a mesh (e.g. dropout rate 0), or use Keras 3."),
+    (r"'tf\.(\w+)' op does not implement layout propagation",
+     "TF's DTensor cannot run op {op!r} of this model's step on a mesh (it has no layout "
+     "rule for it). tf-keras's BatchNormalization computes with FusedBatchNormV3, for "
+     "example. Use the layer's Keras 3 counterpart, or another tfdist strategy for this model."),
+)
 
 
 class MeshStrategy(tf.distribute.Strategy):
@@ -109,7 +128,8 @@ class MeshStrategy(tf.distribute.Strategy):
         follow their variable. `{}` keeps every variable whole (data
         parallelism only). None: Megatron's layouts, chosen as the model is
         built (`tfdist.mesh.layouts.AutomaticLayouts`: attention by heads,
-        Dense layers in column-then-row pairs, embedding tables by rows,
+        Dense layers in column-then-row pairs, embedding tables by rows
+        (under tf-keras whole),
         only where the axis divides the dimension; convolutions whole, as
         TF's DTensor convolves only whole filters);
         `layout_report()` says which rule chose each.
@@ -170,7 +190,8 @@ class MeshStrategy(tf.distribute.Strategy):
             _multi_client.check_mesh(spec, batch_dim_name, cluster.num_workers)
         rules: layouts_lib.LayoutRules | layouts_lib.AutomaticLayouts
         if layout_map is None:
-            rules = layouts_lib.AutomaticLayouts(spec, batch_dim_name)
+            rules = layouts_lib.AutomaticLayouts(
+                spec, batch_dim_name, split_tables=not tf_keras_sharded.legacy_keras())
         else:
             rules = layouts_lib.LayoutRules.from_user(layout_map, spec)
         self._spec = spec
@@ -336,6 +357,8 @@ class MeshStrategy(tf.distribute.Strategy):
         unused = self.extended.rules.unused()
         if unused:
             logging.warning(_unused_keys_message(unused))
+        # TF's DTensor cannot lay out the fused kernel tf-keras normalizes with.
+        keras_layers.unfuse_tf_keras_layer_norms(model)
         strategy = self
         run_step = self._run_step
 
@@ -346,31 +369,10 @@ class MeshStrategy(tf.distribute.Strategy):
                 try:
                     return function(data)
                 except tf.errors.UnknownError as error:
-                    if _SPLIT_GATHER in str(error):
-                        raise errors.LayoutError(
-                            "TF's DTensor cannot look up an embedding table split by rows "
-                            "the way tf-keras does (ResourceGather on the variable). Under "
-                            "tf-keras keep it whole (leave it out of layout_map); Keras 3's "
-                            "Embedding looks a row-split table up."
-                        ) from error
-                    if _SPLIT_FILTER in str(error):
-                        raise errors.LayoutError(
-                            "TF's DTensor computes a convolution only with its whole filter, "
-                            "and a convolution kernel of this model is split by layout_map "
-                            f"({_split_kernels(strategy)}). Keep convolution kernels whole "
-                            "(leave them out of layout_map); split the Dense and attention "
-                            "layers around them."
-                        ) from error
-                    unsupported = _UNSUPPORTED_OP.search(str(error))
-                    if unsupported is None:
+                    refusal = _refusal(error, strategy)
+                    if refusal is None:
                         raise
-                    raise errors.LayoutError(
-                        f"TF's DTensor cannot run op {unsupported.group(1)!r} of this model's "
-                        "step on a mesh (it has no layout rule for it). tf-keras's "
-                        "LayerNormalization and BatchNormalization compute with "
-                        "FusedBatchNormV3, for example. Use the layer's Keras 3 "
-                        "counterpart, or another tfdist strategy for this model."
-                    ) from error
+                    raise refusal from error
 
             return call
 
@@ -412,6 +414,17 @@ class MeshStrategy(tf.distribute.Strategy):
             predict=predict_batches,
             metrics_barrier=lambda: None,
         )
+
+
+def _refusal(error: tf.errors.UnknownError, strategy: MeshStrategy) -> errors.LayoutError | None:
+    """`error` as the `LayoutError` naming the fix, if it is one of DTensor's refusals."""
+    for pattern, message in _REFUSALS:
+        match = re.search(pattern, str(error))
+        if match is not None:
+            op = match.group(1) if match.groups() else ""
+            kernels = _split_kernels(strategy) if "{kernels}" in message else ""
+            return errors.LayoutError(message.format(op=op, kernels=kernels))
+    return None
 
 
 def _split_kernels(strategy: MeshStrategy) -> str:
