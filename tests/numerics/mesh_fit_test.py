@@ -213,10 +213,6 @@ def _strategy(shape, layout):
     return tfdist.MeshStrategy(mesh, layout_map=layout_map, batch_dim_name="batch")
 
 
-TF_KERAS_ROW_SPLIT = (
-    "tf-keras looks a table up with ResourceGather, which TF's DTensor cannot run on a table "
-    "split by rows: refused on a mesh (tested in MeshErrorsTest)")
-
 
 def _grid():
     for shape in MESHES:
@@ -276,15 +272,13 @@ class MeshFitTest(parameterized.TestCase):
             ("attention/value/kernel", r"\(None, 'model', None\)", "split by heads"),
             ("mlp_up/kernel", r"\(None, 'model'\)", "column-parallel"),
             ("mlp_down/kernel", r"\('model', None\)", "row-parallel"),
-            ("token/embeddings", r"\('model', None\)", "embedding: split by rows") if KERAS_3
-            else ("token/embeddings", r"\(None, None\)", "tf-keras's lookup cannot run on a split table"),
+            ("token/embeddings", r"\('model', None\)", "embedding: split by rows"),
             ("head/kernel", r"\(None, None\)", "3 outputs do not divide"),
         ):
             with self.subTest(variable=variable):
                 self.assertRegex(report, rf"{variable} \| [^|]+ \| {axes} \| \d+ \| [^|\n]*{why}")
 
 
-    @pytest.mark.skipif(not KERAS_3, reason=TF_KERAS_ROW_SPLIT)
     def test_transformer_with_its_table_split_by_rows_on_a_hybrid_mesh_matches_one_device(self):
         x, y = _data(tokens=True)
         strategy = _strategy((2, 2), {**TRANSFORMER_LAYOUT, ".*token/embeddings": ("model", None)})
@@ -299,16 +293,40 @@ class MeshFitTest(parameterized.TestCase):
     @parameterized.named_parameters(("adam", "adam"), ("plain_sgd", "sgd"))
     def test_a_table_with_the_batch_split_matches_one_device(self, optimizer):
         x, y = _data(tokens=True)
-        strategy = _strategy((2, 2), {".*token/embeddings": ("model", None)} if KERAS_3 else {})
+        strategy = _strategy((2, 2), {".*token/embeddings": ("model", None)})
         numerics.assert_matches_single_device(
             functools.partial(_embedding_bag, optimizer), strategy, x, y,
             global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
             rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=True,
         )
-        # tf-keras looks a table up with ResourceGather, which DTensor cannot
-        # run on a table split by rows (MeshErrorsTest): whole there.
-        axes = r"\('model', None\)" if KERAS_3 else r"\(None, None\)"
-        self.assertRegex(strategy.layout_report(), rf"token/embeddings \| \(32, 8\) \| {axes}")
+        # tf-keras looks a table up with the variable's sparse_read (DTensor
+        # cannot run its ResourceGather on a table split by rows; the mesh's
+        # variables gather from the value read instead).
+        self.assertRegex(strategy.layout_report(), r"token/embeddings \| \(32, 8\) \| \('model', None\)")
+
+
+    @parameterized.named_parameters(("adam", "adam"), ("plain_sgd", "sgd"))
+    def test_a_table_split_by_columns_matches_one_device(self, optimizer):
+        x, y = _data(tokens=True)
+        strategy = _strategy((1, 4), {".*token/embeddings": (None, "model")})
+        numerics.assert_matches_single_device(
+            functools.partial(_embedding_bag, optimizer), strategy, x, y,
+            global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
+            rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=True,
+        )
+
+    @pytest.mark.skipif(KERAS_3, reason=(
+        "Keras 3's step does not compile with this table split by columns: refused "
+        "(test_keras_3_transformer_with_a_table_split_by_columns_raises_layout_error_naming_it)"))
+    def test_tf_keras_transformer_with_its_table_split_by_columns_matches_one_device(self):
+        x, y = _data(tokens=True)
+        strategy = _strategy((2, 2), {**TRANSFORMER_LAYOUT, ".*token/embeddings": (None, "model")})
+        numerics.assert_matches_single_device(
+            _transformer, strategy, x, y,
+            global_batch_size=GLOBAL_BATCH_SIZE, epochs=2,
+            rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL, check_inference=True,
+            reference=_reference(),
+        )
 
 
 class MeshCustomTrainStepTest(parameterized.TestCase):
@@ -439,39 +457,36 @@ class MeshErrorsTest(parameterized.TestCase):
             tfdist.MeshStrategy({"batch": 2, "model": 2}, layout_map={}, timeout_s=-1)
 
     @pytest.mark.skipif(not KERAS_3, reason=(
-        "under tf-keras any split table fails in its lookup, refused as the row split is "
-        "(tested in test_tf_keras_layer_norm_and_row_split_table_raise_layout_error_naming_the_fix)"))
-    def test_a_table_split_by_columns_raises_layout_error_naming_the_fix(self):
-        # TF's DTensor cannot compile the lookup of such a table; its error
-        # ("EmitAllScatter was passed a desired_layout") names no variable.
+        "tf-keras's step compiles with this table split by columns and trains "
+        "(test_tf_keras_transformer_with_its_table_split_by_columns_matches_one_device)"))
+    def test_keras_3_transformer_with_a_table_split_by_columns_raises_layout_error_naming_it(self):
+        # TF's DTensor cannot compile this step ("EmitAllScatter was passed a
+        # desired_layout", naming no variable).
         x, y = _data(tokens=True)
-        strategy = _strategy((1, 4), {".*token/embeddings": (None, "model")})
+        strategy = _strategy((2, 2), {**TRANSFORMER_LAYOUT, ".*token/embeddings": (None, "model")})
         with strategy.scope():
-            model = _embedding_bag()
+            model = _transformer()
         with self.assertRaisesRegex(
-            errors.LayoutError, r"token/embeddings.*split along a dimension other than its rows.*\('model', None\)"
+            errors.LayoutError,
+            r"table split along a dimension other than its rows \([^)]*token/embeddings \(None, 'model'\)"
         ):
             model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
     @pytest.mark.skipif(KERAS_3, reason="tf-keras's own refusals")
-    def test_tf_keras_batch_norm_dropout_and_row_split_table_raise_layout_error_naming_the_fix(self):
-        # Obscure otherwise: DTensor fails on FusedBatchNormV3, on a stateful
-        # random op or on the lookup of a table split by rows with an
-        # UnknownError naming no layer.
-        for build, tokens, pattern in (
-            (_image_batch_norm, False, "'FusedBatchNormV3'.*BatchNormalization"),
-            (_dropout, False, r"stateful random ops.*Dropout.*dropout rate 0"),
-            (_embedding_bag, True, r"table split by rows.*ResourceGather.*keep it whole"),
+    def test_tf_keras_batch_norm_and_dropout_raise_layout_error_naming_the_fix(self):
+        # Obscure otherwise: DTensor fails on FusedBatchNormV3 or on a
+        # stateful random op with an UnknownError naming no layer.
+        x, y = _data()
+        for build, inputs, pattern in (
+            (_image_batch_norm, x.reshape(-1, 2, 2, 2), "'FusedBatchNormV3'.*BatchNormalization"),
+            (_dropout, x, r"stateful random ops.*Dropout.*dropout rate 0"),
         ):
             with self.subTest(model=build.__name__):
-                x, y = _data(tokens=tokens)
-                if build is _image_batch_norm:
-                    x = x.reshape(-1, 2, 2, 2)
-                strategy = _strategy((1, 4), {".*token/embeddings": ("model", None)})
+                strategy = _strategy((1, 4), {})
                 with strategy.scope():
                     model = build()
                 with self.assertRaisesRegex(errors.LayoutError, pattern):
-                    model.fit(x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
+                    model.fit(inputs, y, batch_size=GLOBAL_BATCH_SIZE, epochs=1, verbose=0)
 
     def test_a_split_convolution_kernel_raises_layout_error_naming_it(self):
         # TF's DTensor convolves only whole filters ("Filter for convolution

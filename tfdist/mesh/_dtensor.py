@@ -32,6 +32,12 @@ Inside `forwarded_writes()` a read after a write in the same step is the
 written value itself (a data dependency, which no reordering can break),
 and `assign_add`/`assign_sub` write `value + delta` through `assign`.
 
+Row lookups: a variable's `sparse_read` (tf-keras's `Embedding` looks a
+table up through it) is a `ResourceGather` on the variable, which TF's
+DTensor cannot run on a table split by rows; `MeshVariable.sparse_read`
+gathers the rows from the value read instead, as Keras 3's `Embedding`
+does (the gradient is the same rows, as `IndexedSlices`).
+
 Row scatters: TF's DTensor has no layout rule for `ResourceScatterAdd`/`Sub`
 (Keras 3's plain SGD and tf-keras's optimizers update an embedding table
 through them), so `MeshVariable.scatter_add`/`scatter_sub` add the rows
@@ -199,6 +205,11 @@ class MeshVariable(dtensor.DVariable):
         if self._writes() is not None:
             return self.assign(self.value() - self._on_mesh(delta), use_locking, name, read_value)
         return super().assign_sub(self._on_mesh(delta), use_locking, name, read_value)
+
+    def sparse_read(self, indices: Any, name: Any = None) -> tf.Tensor:
+        """Rows `indices`, gathered from the value read (module docstring: row lookups)."""
+        del name
+        return tf.gather(self.value(), indices)
 
     def scatter_add(self, sparse_delta: tf.IndexedSlices, use_locking: bool = False, name: Any = None) -> Any:
         """Adds `sparse_delta`'s rows as one dense update (module docstring: row scatters)."""

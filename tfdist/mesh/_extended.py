@@ -137,8 +137,6 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
 
     def update_variable(self, var: Any, fn: Any, args: Any, kwargs: Any) -> Any:
         # DTensor places the update on the devices holding each slice.
-        if any(isinstance(arg, tf.IndexedSlices) for arg in args):
-            _check_row_update(var)
         return fn(var, *(_laid_out_like(arg, var) for arg in args), **kwargs)
 
     @property
@@ -148,30 +146,6 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
     @property
     def parameter_devices(self) -> tuple[str, ...]:
         return tuple(self.rules.mesh.devices)
-
-
-def _check_row_update(var: Any) -> None:
-    """Refuses row gradients (an embedding lookup's) for a table split other than by rows.
-
-    A whole table or one split by rows (its first dimension) trains with
-    the batch split or not, equal to one device with SGD, momentum and Adam
-    (tested; a row scatter runs as one dense update,
-    `_dtensor.MeshVariable.scatter_add`). On a table split by columns
-    TF 2.21's DTensor fails to compile the lookup ("EmitAllScatter was
-    passed a desired_layout ...").
-
-    Raises:
-      LayoutError: For a table split along any dimension but the first.
-    """
-    specs = list(var.layout.sharding_specs)
-    if all(spec == dtensor.UNSHARDED for spec in specs[1:]):
-        return
-    raise errors.LayoutError(
-        f"variable {var.name!r} gets row gradients (an embedding lookup's) and is split "
-        f"along a dimension other than its rows ({specs}): TF's DTensor cannot run its "
-        "lookup or row updates on such a layout. Split the table by rows "
-        "(('model', None) in layout_map) or keep it whole (leave it out of layout_map)."
-    )
 
 
 def _laid_out_like(value: Any, variable: Any) -> Any:

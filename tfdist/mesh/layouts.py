@@ -292,10 +292,7 @@ class AutomaticLayouts:
       must have fully replicated layout"), and such a kernel may be one;
     - embedding tables by rows (vocabulary-parallel, as Megatron splits
       its token table: each device looks up the rows it holds, one
-      all-reduce after), unless `split_tables` is False (tf-keras looks a
-      table up with `ResourceGather` on the variable, which TF's DTensor
-      cannot run on a table split by rows: such tables stay whole);
-      nothing else (normalization, metrics, counters).
+      all-reduce after); nothing else (normalization, metrics, counters).
 
     The rules see each variable's path and shape in creation order (Keras
     builds a layer's kernel, then its bias); `explain(path)` says which rule
@@ -304,12 +301,10 @@ class AutomaticLayouts:
     Args:
       mesh: The mesh.
       batch_dim_name: The batch axis (never used to split a variable).
-      split_tables: Whether embedding tables are split by rows.
     """
 
-    def __init__(self, mesh: MeshSpec, batch_dim_name: str, *, split_tables: bool = True) -> None:
+    def __init__(self, mesh: MeshSpec, batch_dim_name: str) -> None:
         self.mesh = mesh
-        self._split_tables = split_tables
         others = [n for n in mesh.axis_names if n != batch_dim_name]
         self._axis = others[0] if others else None
         self._size = mesh.axis_size(self._axis) if self._axis else 1
@@ -341,8 +336,6 @@ class AutomaticLayouts:
         parent = layer.rpartition("/")[2]
         m = self._axis
         if leaf == "embeddings" and len(shape) == 2:
-            if not self._split_tables:
-                return whole, "embedding: whole (tf-keras's lookup cannot run on a split table)"
             if self._divides(shape[0]):
                 return (m, None), "embedding: split by rows (vocabulary-parallel)"
             return whole, f"embedding: {shape[0]} rows do not divide {m}={self._size}"

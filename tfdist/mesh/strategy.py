@@ -43,10 +43,11 @@ each worker reads only its rows of every global batch (`_multi_client.py`).
 Limits of this version: layouts
 chosen automatically are Megatron's simple rules, per variable as it is
 created (no search over the model); an embedding table split by columns
-is refused (`LayoutError`: TF's DTensor cannot compile its lookup); a last batch the batch axis does not
+trains where TF's DTensor compiles the step (an embedding bag, tested) and is
+refused with a `LayoutError` where it does not (Keras 3's transformer block); a last batch the batch axis does not
 divide runs whole on every device (correct, not split; across workers, gathered from the workers' rows);
 under tf-keras, what TF's DTensor cannot lay out is refused with a `LayoutError` naming the fix (fused
-batch norm, stateful random ops, a table split by rows), and its layer norms take tf-keras's unfused path.
+batch norm, stateful random ops), and its layer norms take tf-keras's unfused path.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ from tfdist import _validation as validation
 from tfdist._internal import keras_layers
 from tfdist._internal import keras_ps
 from tfdist._internal import tf_errors
-from tfdist._internal import tf_keras_sharded
 from tfdist.data.distributed import data_service
 from tfdist.data.distributed import dataset as dataset_lib
 from tfdist.data.distributed import distribute
@@ -86,12 +86,14 @@ _INPUT_TIMEOUT_S = 60.0
 
 #: How TF's DTensor refuses what it cannot lay out (in its UnknownError,
 #: which names no layer), and what tfdist says instead: (pattern, message;
-#: "{op}" is the pattern's first group, "{kernels}" the split kernels).
+#: "{op}" is the pattern's first group, "{kernels}" the split kernels,
+#: "{columns}" the tables split by columns).
 _REFUSALS = (
-    (r"does not support sharded 0th dimension for the resource tensor for ResourceGatherOp",
-     "TF's DTensor cannot look up an embedding table split by rows the way tf-keras does "
-     "(ResourceGather on the variable). Under tf-keras keep it whole (leave it out of "
-     "layout_map); Keras 3's Embedding looks a row-split table up."),
+    (r"EmitAllScatter was passed a desired_layout",
+     "TF's DTensor cannot compile this model's step with an embedding table split along "
+     "a dimension other than its rows ({columns}): the lookup's row gradients meet another "
+     "layout there. Split the table by rows (('model', None) in layout_map) or keep it "
+     "whole (leave it out of layout_map)."),
     (r"Filter for convolution must have fully replicated layout",
      "TF's DTensor computes a convolution only with its whole filter, and a convolution "
      "kernel of this model is split by layout_map ({kernels}). Keep convolution kernels "
@@ -128,8 +130,7 @@ class MeshStrategy(tf.distribute.Strategy):
         follow their variable. `{}` keeps every variable whole (data
         parallelism only). None: Megatron's layouts, chosen as the model is
         built (`tfdist.mesh.layouts.AutomaticLayouts`: attention by heads,
-        Dense layers in column-then-row pairs, embedding tables by rows
-        (under tf-keras whole),
+        Dense layers in column-then-row pairs, embedding tables by rows,
         only where the axis divides the dimension; convolutions whole, as
         TF's DTensor convolves only whole filters);
         `layout_report()` says which rule chose each.
@@ -162,8 +163,10 @@ class MeshStrategy(tf.distribute.Strategy):
         on a cluster a batch axis that is not first or other axes that
         span workers;
         when the model is built, a variable whose split dimension its axis
-        does not divide (naming the variable); at the first step, an
-        embedding table split by columns.
+        does not divide (naming the variable); at the first step, what
+        TF's DTensor cannot compile, naming the fix (a table split by
+        columns in some models, a split convolution filter, ops it has no
+        layout rule for).
     """
 
     def __init__(
@@ -190,8 +193,7 @@ class MeshStrategy(tf.distribute.Strategy):
             _multi_client.check_mesh(spec, batch_dim_name, cluster.num_workers)
         rules: layouts_lib.LayoutRules | layouts_lib.AutomaticLayouts
         if layout_map is None:
-            rules = layouts_lib.AutomaticLayouts(
-                spec, batch_dim_name, split_tables=not tf_keras_sharded.legacy_keras())
+            rules = layouts_lib.AutomaticLayouts(spec, batch_dim_name)
         else:
             rules = layouts_lib.LayoutRules.from_user(layout_map, spec)
         self._spec = spec
@@ -422,9 +424,16 @@ def _refusal(error: tf.errors.UnknownError, strategy: MeshStrategy) -> errors.La
         match = re.search(pattern, str(error))
         if match is not None:
             op = match.group(1) if match.groups() else ""
-            kernels = _split_kernels(strategy) if "{kernels}" in message else ""
-            return errors.LayoutError(message.format(op=op, kernels=kernels))
+            return errors.LayoutError(message.format(
+                op=op, kernels=_split_kernels(strategy), columns=_split_columns(strategy)))
     return None
+
+
+def _split_columns(strategy: MeshStrategy) -> str:
+    """The embedding tables split along their second dimension, for a message."""
+    split = [f"{e.path} {e.axes}" for e in strategy.extended.created
+             if e.path.endswith("embeddings") and len(e.shape) == 2 and e.axes[1] is not None]
+    return ", ".join(split) or "none found"
 
 
 def _split_kernels(strategy: MeshStrategy) -> str:
