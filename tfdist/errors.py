@@ -16,8 +16,10 @@ Hierarchy::
      |    +-- LayoutError                            a device mesh or a layout
      |                                               that does not fit
      +-- CollectiveError(TfdistError, RuntimeError)  a collective failed
-          +-- WorkerUnavailableError                 a peer task is lost
-          +-- CollectiveTimeoutError                 a wait ran past timeout_s
+     |    +-- WorkerUnavailableError                 a peer task is lost
+     |    +-- CollectiveTimeoutError                 a wait ran past timeout_s
+     +-- TooFewWorkersError(TfdistError, RuntimeError)  an elastic job fell
+                                                     below its minimum
     TrainingPreempted(SystemExit)                    training stopped on a
                                                      preemption notice, its
                                                      state saved (exit 143)
@@ -38,6 +40,7 @@ __all__ = [
     "LayoutError",
     "PlacementError",
     "TfdistError",
+    "TooFewWorkersError",
     "TrainingPreempted",
     "WorkerUnavailableError",
 ]
@@ -127,6 +130,22 @@ class WorkerUnavailableError(CollectiveError):
 
 class CollectiveTimeoutError(CollectiveError):
     """A cross-worker wait did not complete within its `timeout_s`."""
+
+
+class TooFewWorkersError(TfdistError, RuntimeError):
+    """An elastic job (`tfdist-launch --workers MIN:MAX`) has fewer workers left than MIN.
+
+    Carried by the launcher's `JobResult.error` (its job ended `FAILED`) and
+    printed by `tfdist-launch` as its last line.
+
+    Attributes:
+      task: The lost task that left the job short, as `"worker:2"`, or
+        `None` when a slots file granted too few.
+    """
+
+    def __init__(self, message: str, *, task: str | None = None) -> None:
+        super().__init__(message)
+        self.task = task
 
 
 class TrainingPreempted(SystemExit):

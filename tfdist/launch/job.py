@@ -244,6 +244,10 @@ class JobResult:
         timeout or stop request that decided the outcome (the tasks still
         running were stopped after it).
       is_isolated: Whether the tasks ran in a private network namespace.
+      error: For `FAILED`, the tfdist error that names why when the
+        launcher decided it (an elastic job below its minimum:
+        `TooFewWorkersError`); raise it to fail a program the same way.
+        None otherwise (a task's own exit decided it).
     """
 
     outcome: JobOutcome
@@ -255,6 +259,7 @@ class JobResult:
     elapsed_s: float = 0.0
     decided_after_s: float = 0.0
     is_isolated: bool = False
+    error: errors.TfdistError | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -311,6 +316,8 @@ class JobResult:
             if killed
             else ""
         )
+        if self.outcome is JobOutcome.FAILED and self.error is not None:
+            return f"{type(self.error).__name__}: {self.error}"
         if self.outcome is JobOutcome.FAILED and self.failed_task is not None:
             failed = self.task_result(self.failed_task)
             if stopped:

@@ -27,7 +27,8 @@ Elastic multi-worker jobs (`min_workers` below `shape.num_workers`, or a
                                          SIGTERM, and saved at a step)
     a worker was lost (killed by a       one worker fewer (with a slots file:
       signal)                            min(slots, MAX)); a restart used
-    fewer than min_workers left          the job fails, naming the lost task
+    fewer than min_workers left          the job fails with TooFewWorkersError
+                                         (`JobResult.error`) naming the lost task
 
 Each change is logged (`membership: 3 -> 2 worker(s) ...`) with what caused
 it and, once the next attempt is running, how long the change took. SIGINT/SIGTERM received by
@@ -156,7 +157,8 @@ def run_local_job(
     Returns:
       The result of the last attempt; `timeout_s` in it is the whole job's.
       An elastic job that falls below `min_workers` returns the attempt in
-      which the last worker it could spare was lost (`FAILED`).
+      which the last worker it could spare was lost (`FAILED`), its `error`
+      a `TooFewWorkersError` naming the lost task.
 
     Raises:
       TypeError: If an argument has the wrong type.
@@ -280,13 +282,16 @@ def run_local_job(
                 target = watcher.target
                 cause = f"the slots file asked for {target}; the tasks were stopped at a step"
                 if target < workers.minimum:
-                    log(
-                        f"membership: the slots file grants {target} worker(s), "
+                    message = (
+                        f"the slots file grants {target} worker(s), "
                         f"fewer than the {workers.minimum} the job needs "
                         f"(--workers {workers}); stopped the job (its tasks "
                         "saved at a step: run it again to resume)."
                     )
-                    return dataclasses.replace(result, outcome=job.JobOutcome.FAILED)
+                    log(f"membership: {message}")
+                    return dataclasses.replace(
+                        result, outcome=job.JobOutcome.FAILED,
+                        error=errors.TooFewWorkersError(message))
                 change = _Change(num_workers, cause, ended_s)
                 log(f"membership: {num_workers} -> {target} worker(s): {cause}.")
                 num_workers = target
@@ -319,12 +324,16 @@ def run_local_job(
                     if granted is not None:
                         target = min(granted, workers.maximum)
                 if target < workers.minimum:
-                    log(
-                        f"membership: {lost}, leaving {target} "
+                    message = (
+                        f"{lost}, leaving {target} "
                         f"worker(s), fewer than the {workers.minimum} the job "
-                        f"needs (--workers {workers}); failing the job."
+                        f"needs (--workers {workers}); failing the job. Find out "
+                        "why it was lost (its output above); run the job again "
+                        "to resume from the last committed state, or lower MIN."
                     )
-                    return result
+                    log(f"membership: {message}")
+                    return dataclasses.replace(
+                        result, error=errors.TooFewWorkersError(message, task=failed.task.name))
                 if attempt >= restarts:
                     return result
                 attempt += 1

@@ -121,6 +121,10 @@ class ElasticJobTest(absltest.TestCase):
             "needs (--workers 2:3); failing the job",
             log,
         )
+        self.assertIsInstance(result.error, errors.TooFewWorkersError)
+        self.assertEqual(result.error.task, "worker:1")
+        self.assertRegex(result.describe(), r"^TooFewWorkersError: task worker:1 was killed by SIGKILL, "
+                                            r"leaving 1 worker\(s\).*lower MIN\.$")
         self.assertLess(time.monotonic() - started, programs.JOB_BOUND_S)
 
     def test_a_preempted_task_is_relaunched_without_using_a_restart(self):
@@ -198,6 +202,8 @@ class ElasticJobTest(absltest.TestCase):
         self.assertEqual(result.outcome, job.JobOutcome.FAILED)
         self.assertIn("the slots file grants 1 worker(s), fewer than the 2 the job needs", log)
         self.assertEqual({r.exit_code for r in result.tasks}, {143})
+        self.assertIsInstance(result.error, errors.TooFewWorkersError)
+        self.assertIsNone(result.error.task)
 
     def test_slots_below_the_minimum_at_the_start_raise_launcher_error(self):
         out = self.create_tempdir().full_path
