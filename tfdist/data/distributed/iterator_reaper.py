@@ -18,7 +18,7 @@ destruction moves, by up to `_POLL_S`. The thread ends when it holds
 nothing and starts again at the next `adopt`; a forked child starts with
 none held. At interpreter exit the held iterators are released by `atexit`
 (while TensorFlow is still loaded), which also waits (at most
-`_EXIT_WAIT_S`, 1.5 s) for a destruction the thread has under way: one still
+`_EXIT_WAIT_S`) for a destruction the thread has under way: one still
 running when Python tears its modules down ends the process with SIGABRT
 (a destroyed pipeline's functions hold Python stack traces; seen at the end
 of a resumed `MeshStrategy` job, 2026-11-28).
@@ -37,11 +37,8 @@ __all__ = ["adopt"]
 
 #: How often the thread looks for iterators only it holds (seconds).
 _POLL_S = 0.05
-#: How long exit waits for the thread's destruction under way (seconds):
-#: longer than tf.data's autotuning wait, well inside a launcher's grace
-#: period after SIGTERM (a destruction that blocks longer, e.g. on a
-#: pipeline waiting for a stopped peer, is left to the exit as before).
-_EXIT_WAIT_S = 1.5
+#: How long exit waits for the thread's destruction under way (seconds).
+_EXIT_WAIT_S = 10.0
 _THREAD_NAME = "tfdist-iterator-reaper"
 
 _lock = threading.Lock()
