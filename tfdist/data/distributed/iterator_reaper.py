@@ -17,11 +17,7 @@ iterator is never destroyed while anyone else holds it: only its
 destruction moves, by up to `_POLL_S`. The thread ends when it holds
 nothing and starts again at the next `adopt`; a forked child starts with
 none held. At interpreter exit the held iterators are released by `atexit`
-(while TensorFlow is still loaded), which also waits (at most
-`_EXIT_WAIT_S`) for a destruction the thread has under way: one still
-running when Python tears its modules down ends the process with SIGABRT
-(a destroyed pipeline's functions hold Python stack traces; seen at the end
-of a resumed `MeshStrategy` job, 2026-11-28).
+(while TensorFlow is still loaded).
 """
 
 from __future__ import annotations
@@ -37,9 +33,6 @@ __all__ = ["adopt"]
 
 #: How often the thread looks for iterators only it holds (seconds).
 _POLL_S = 0.05
-#: How long exit waits for the thread's destruction under way (seconds).
-_EXIT_WAIT_S = 10.0
-_THREAD_NAME = "tfdist-iterator-reaper"
 
 _lock = threading.Lock()
 _held: list[Any] = []
@@ -56,7 +49,9 @@ def adopt(iterator: Any) -> Any:
     with _lock:
         _held.append(iterator)
         if _thread is None:
-            _thread = threading.Thread(target=_release_dropped, name=_THREAD_NAME, daemon=True)
+            _thread = threading.Thread(
+                target=_release_dropped, name="tfdist-iterator-reaper", daemon=True
+            )
             _thread.start()
     return iterator
 
@@ -96,16 +91,10 @@ def _release_dropped() -> None:
 
 
 def _release_all() -> None:
-    """Releases every held iterator here; waits for the thread to finish its round."""
     with _lock:
         held = list(_held)
         _held.clear()
     del held
-    # A thread may be destroying its last round (it no longer counts as
-    # `_thread` then); with nothing held now, each ends after its round.
-    for thread in threading.enumerate():
-        if thread.name == _THREAD_NAME and thread is not threading.current_thread():
-            thread.join(timeout=_EXIT_WAIT_S)
 
 
 def _reset_in_child() -> None:
