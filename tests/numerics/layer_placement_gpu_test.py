@@ -25,12 +25,16 @@ keras = tf.keras
 NUM_GPUS = len(tf.config.list_physical_devices("GPU"))
 
 
-class LayerPlacementGpuTest(tf.test.TestCase):
+class Float32GpuTestCase(tf.test.TestCase):
+    """GPU matrix products round as float32 does (TensorFloat-32 off) for each test."""
 
     def setUp(self):
         super().setUp()
         tf.config.experimental.enable_tensor_float_32_execution(False)
         self.addCleanup(tf.config.experimental.enable_tensor_float_32_execution, True)
+
+
+class LayerPlacementGpuTest(Float32GpuTestCase):
 
     @unittest.skipIf(NUM_GPUS < 2, f"needs 2 GPUs; TensorFlow sees {NUM_GPUS}")
     def test_default_devices_are_the_gpus_and_fit_matches_one_device(self):

@@ -19,18 +19,14 @@ from tensorflow.experimental import dtensor
 import tfdist
 from tfdist._internal import keras_layers
 from tfdist.testing import numerics
+from tests.numerics import layer_placement_gpu_test
 from tests.numerics import mesh_fit_test
 
 pytestmark = [pytest.mark.model, pytest.mark.gpu]
-NUM_GPUS = len(tf.config.list_physical_devices("GPU"))
+NUM_GPUS = layer_placement_gpu_test.NUM_GPUS
 
 
-class MeshGpuTest(tf.test.TestCase):
-
-    def setUp(self):
-        super().setUp()
-        tf.config.experimental.enable_tensor_float_32_execution(False)
-        self.addCleanup(tf.config.experimental.enable_tensor_float_32_execution, True)
+class MeshGpuTest(layer_placement_gpu_test.Float32GpuTestCase):
 
     @unittest.skipIf(NUM_GPUS < 2, f"needs 2 GPUs; TensorFlow sees {NUM_GPUS}")
     def test_a_split_pair_on_two_gpus_matches_one_device(self):
