@@ -9,6 +9,10 @@ not how long it takes.
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -42,6 +46,38 @@ def _wait_for(condition) -> bool:
     return condition()
 
 
+#: A process that adopts `Thing`s (whose destruction writes to OUT_DIR),
+#: then runs its own lines and exits. It loads the reaper from its file:
+#: the module needs the standard library only.
+_AT_EXIT_SCRIPT = """
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("reaper", {path!r})
+reaper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reaper)
+out_dir = {out_dir!r}
+
+class Thing:
+    def __init__(self, name, destroy_s=0.0):
+        self.name, self.destroy_s = name, destroy_s
+    def __del__(self):
+        open(os.path.join(out_dir, self.name + ".started"), "w").close()
+        time.sleep(self.destroy_s)
+        open(os.path.join(out_dir, self.name + ".destroyed"), "w").close()
+"""
+
+
+def _run_and_exit(test: tf.test.TestCase, lines: str) -> set[str]:
+    """Runs `_AT_EXIT_SCRIPT` then `lines` in a fresh interpreter; returns the files written."""
+    out_dir = test.create_tempdir().full_path
+    script = _AT_EXIT_SCRIPT.format(path=iterator_reaper.__file__, out_dir=out_dir)
+    result = subprocess.run(
+        [sys.executable, "-c", script + textwrap.dedent(lines)],
+        capture_output=True, text=True, timeout=60,
+    )
+    test.assertEqual(result.returncode, 0, result.stderr)
+    return set(os.listdir(out_dir))
+
+
 class IteratorReaperTest(tf.test.TestCase):
     def test_an_adopted_object_lives_while_held_and_dies_on_the_reaper_thread(self):
         thing = _Thing()
@@ -65,6 +101,28 @@ class IteratorReaperTest(tf.test.TestCase):
         self.assertTrue(_wait_for(lambda: iterator_reaper._thread is None))
         self.assertTrue(_wait_for(lambda: not any(
             t.name == "tfdist-iterator-reaper" for t in threading.enumerate())))
+
+    def test_exit_waits_for_a_destruction_under_way(self):
+        # Python tearing its modules down under one aborted the process at
+        # the end of a resumed job across workers (2026-11-28); without the
+        # wait, the destruction here never ends.
+        files = _run_and_exit(self, """
+            reaper.adopt(Thing("slow", destroy_s=1.0))
+            while not os.path.exists(os.path.join(out_dir, "slow.started")):
+                time.sleep(0.01)
+        """)
+        self.assertEqual(files, {"slow.started", "slow.destroyed"})
+
+    def test_exit_leaves_what_is_still_held_undestroyed_and_starts_no_destruction(self):
+        # A preempted task exits inside a grace period: destroying its last
+        # iterators there costs seconds on a loaded machine.
+        files = _run_and_exit(self, """
+            kept = reaper.adopt(Thing("kept"))
+            reaper._POLL_S = 0.5  # Dropped now, found by the thread after exit began.
+            time.sleep(0.1)
+            reaper.adopt(Thing("dropped_at_exit"))
+        """)
+        self.assertEqual(files, set())
 
     def test_a_distributed_datasets_iterator_is_destroyed_off_the_dropping_thread(self):
         strategy = tfdist.MirroredStrategy(["/cpu:0", "/cpu:1"])
