@@ -24,6 +24,9 @@ MODE:
   attempt the last task kills itself (SIGKILL) after step SIGNAL_STEP of
   epoch SIGNAL_EPOCH, past its last commit.
 - a `_shard` suffix: tfdist shuffles per epoch (`ShardOptions`).
+- a `_mesh` suffix (TF_CONFIG with 2 workers): `tfdist.MeshStrategy({"batch": 2,
+  "model": 2})` on 2 logical CPUs per worker (automatic layouts: the hidden
+  Dense layer split over a worker's two).
 
 A task stopped by a notice writes OUT_DIR/preempted-<task>.json: the epoch
 and step it saved at.
@@ -136,8 +139,15 @@ class _Signal(keras.callbacks.Callback):
 def main(mode: str, out_dir: str) -> None:
     shard = mode.endswith("_shard")
     mode = mode.removesuffix("_shard")
+    on_mesh = mode.endswith("_mesh")
+    mode = mode.removesuffix("_mesh")
     options = tfdist.data.ShardOptions(seed=7, shuffle=True) if shard else None
-    if "TF_CONFIG" in os.environ:
+    if on_mesh:
+        tfdist.simulate_cpu_devices(2)
+        strategy = tfdist.MeshStrategy({"batch": 2, "model": 2}, layout_map=None, timeout_s=30)
+        task = strategy.cluster_config.task.name
+        tasks = [t.name for t in strategy.cluster_config.cluster.tasks()]
+    elif "TF_CONFIG" in os.environ:
         strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=30, shard_options=options)
         task = strategy.cluster_config.task.name
         tasks = [t.name for t in strategy.cluster_config.cluster.tasks()]

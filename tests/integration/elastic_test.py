@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 import pytest
+from absl.testing import parameterized
 import tensorflow as tf
 
 import tfdist
@@ -73,7 +74,7 @@ def _wait_for(out_dir, prefix, count, process):
         time.sleep(0.05)
 
 
-class ElasticJobTest(tf.test.TestCase):
+class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
     def assert_equals_uninterrupted(self, out_dir, tf_keras=False):
         for a, b in zip(fault_lib.weights(os.path.join(out_dir, "weights.npz")), _reference(tf_keras)):
             self.assertAllClose(a, b, rtol=fault_lib.FLOAT32_RTOL, atol=fault_lib.FLOAT32_ATOL)
@@ -93,11 +94,14 @@ class ElasticJobTest(tf.test.TestCase):
 
     # The test process's front end: Keras 3 in `make test`, tf-keras in
     # `make test-all`'s multi-process tf-keras stage (`model` marker).
+    # On a 2x2 mesh (TF's DTensor in multi-client mode) as well: the tasks
+    # agree on the step there too, and worker 0 writes the state.
     @pytest.mark.model
-    def test_sigterm_to_one_task_stops_every_task_at_one_step_and_the_restart_resumes_there(self):
+    @parameterized.named_parameters(("multi_worker", "self_sigterm"), ("mesh", "self_sigterm_mesh"))
+    def test_sigterm_to_one_task_stops_every_task_at_one_step_and_the_restart_resumes_there(self, mode):
         tf_keras = not KERAS_3
         out_dir = self.create_tempdir().full_path
-        result = _launch(out_dir, "self_sigterm", "--workers", "2", "--restarts", "1", tf_keras=tf_keras)
+        result = _launch(out_dir, mode, "--workers", "2", "--restarts", "1", tf_keras=tf_keras)
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
         self.assertIn("restart 1/1: task worker:", result.stderr)
         self.assertIn("exited with code 143", result.stderr)

@@ -160,15 +160,6 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
                 "the chief's save. Use keras.callbacks.BackupAndRestore (it "
                 "resumes at the epoch), or a data-parallel tfdist strategy."
             )
-        from tfdist.mesh import strategy as mesh  # Imports DTensor.
-
-        if isinstance(strategy, mesh.MeshStrategy) and strategy.cluster_config is not None:
-            raise errors.ConfigError(
-                "Elastic does not support a MeshStrategy across TF_CONFIG workers "
-                "yet (its tasks would not agree on the step to stop at). Use "
-                "keras.callbacks.BackupAndRestore (it resumes at the epoch), or "
-                "MultiWorkerMirroredStrategy for an elastic data-parallel job."
-            )
         self._keras3 = not type(self.model).__module__.startswith("tf_keras")
         is_writer = bool(getattr(strategy.extended, "should_checkpoint", True))
         self._state = training_state.TrainingState(
@@ -358,13 +349,20 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 _fits = itertools.count()
 
 
-def _agreement_for(strategy: Any) -> Any:
-    """A `ClusterAgreement` for tfdist's multi-worker strategy on several tasks; else local."""
+def _spans_tasks(strategy: Any) -> bool:
+    """Whether `strategy` is one of tfdist's that trains across TF_CONFIG tasks in lockstep."""
+    from tfdist.mesh import strategy as mesh  # Imports DTensor.
     from tfdist.multi_worker import strategy as multi_worker  # Imports TF's strategies.
 
-    if not isinstance(strategy, multi_worker.MultiWorkerMirroredStrategy):
+    return isinstance(strategy, (mesh.MeshStrategy, multi_worker.MultiWorkerMirroredStrategy))
+
+
+def _agreement_for(strategy: Any) -> Any:
+    """A `ClusterAgreement` for tfdist's strategies on several tasks (multi-worker, mesh); else local."""
+    config = getattr(strategy, "cluster_config", None)
+    if config is None or not _spans_tasks(strategy):
         return agreement_lib.LocalAgreement()
-    cluster, task = strategy.cluster_config.cluster, strategy.cluster_config.task
+    cluster, task = config.cluster, config.task
     if cluster is None or task is None:
         return agreement_lib.LocalAgreement()
     tasks = [t.name for t in cluster.tasks() if t.task_type in ("chief", "worker")]

@@ -82,13 +82,25 @@ class MeshExtended(single_replica.SingleReplicaExtended):  # type: ignore[misc]
         mesh: dtensor.Mesh,
         rules: layouts_lib.LayoutRules | layouts_lib.AutomaticLayouts,
         batch_dim_name: str,
+        is_chief: bool = True,
     ) -> None:
         super().__init__(container_strategy)
+        self._is_chief = is_chief
         self.mesh = mesh
         self.rules = rules
         self.batch_dim_name = batch_dim_name
         self.created: list[VariableLayout] = []
         self._variables: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this process writes checkpoints: on a cluster, worker 0 only.
+
+        The others still save (elsewhere, then delete it, as
+        `tfdist.elastic` and tf-keras's callbacks do): DTensor runs a save's
+        reads on every worker's devices.
+        """
+        return self._is_chief
 
     def create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
         del next_creator  # DTensor makes the variable: no plain tf.Variable is created.

@@ -203,10 +203,13 @@ class MeshStrategy(tf.distribute.Strategy):
             else _multi_client.make_mesh(spec, batch_dim_name, cluster)
         )
         self._cluster = cluster
+        self._timeout_s = timeout
         self._input_service = None if cluster is None else data_service.ChiefInputService(
             cluster, self._input_layout(), timeout_s=_INPUT_TIMEOUT_S)
         super().__init__(
-            _extended.MeshExtended(self, mesh=self._mesh, rules=rules, batch_dim_name=batch_dim_name)
+            _extended.MeshExtended(
+                self, mesh=self._mesh, rules=rules, batch_dim_name=batch_dim_name,
+                is_chief=cluster is None or cluster.task is None or cluster.task.task_id == 0)
         )
         self._watchdog: peer_watchdog.PeerWatchdog | None = None
         if cluster is not None:
@@ -225,6 +228,11 @@ class MeshStrategy(tf.distribute.Strategy):
     def batch_dim_name(self) -> str:
         """The mesh axis batches are split over."""
         return self._batch_dim_name
+
+    @property
+    def timeout_s(self) -> float:
+        """On a cluster, the bound on one step while a peer is alive but not taking part."""
+        return self._timeout_s
 
     @property
     def cluster_config(self) -> cluster_lib.ClusterConfig | None:
