@@ -64,10 +64,11 @@ demo: $(EXTRAS_DEMO)
 
 # Every stage runs, whatever the ones before it did; the run fails at the end
 # if any stage failed, after one line per stage (tools/run_stages.sh). The
-# two test stages run side by side (a+b): each leaves the cores idle at
-# times (waits on peers, timeouts, one file finishing last) and the other
-# fills that time; their outputs print one after the other.
-TEST_STAGES := test-keras3+test-tfkeras lint docs
+# stages run side by side (a+b+...): each test stage leaves the cores idle
+# at times (waits on peers, timeouts, one file finishing last) and the
+# others fill that time; mypy and Sphinx (~15 s of CPU) run beside the
+# tests instead of after them. Their outputs print one after the other.
+TEST_STAGES := test-keras3+test-tfkeras+lint+docs
 
 test: $(EXTRAS_TEST)
 	MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES)

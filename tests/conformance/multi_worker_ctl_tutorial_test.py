@@ -205,12 +205,14 @@ class MultiWorkerCustomLoopTutorialTest(harness.ConformanceTestCase):
         cls.tfdist = harness.run_on_cluster(
             worker, "tfdist_multi_worker", tempfile.mkdtemp(prefix="ctl_tfdist_"))
         cls.tf = harness.run_on_cluster(
-            worker, "tf_multi_worker", tempfile.mkdtemp(prefix="ctl_tf_"))
+            worker, "tf_multi_worker", tempfile.mkdtemp(prefix="ctl_tf_")
+        ) if harness.TF_CONTENDER else None
 
     def test_tfdist_workers_see_every_example_once_per_epoch(self):
         self.assert_workers_saw_each_example_once_per_epoch(self.tfdist, NUM_TRAIN, NUM_EPOCHS)
         self.assert_workers_agree(self.tfdist)
 
+    @harness.needs_tf_contender
     def test_tf_strategy_workers_overlap_and_miss_examples(self):
         for record in self.tf:
             self.assert_ran(record)

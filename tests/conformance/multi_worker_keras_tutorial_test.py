@@ -108,7 +108,8 @@ class MultiWorkerKerasTutorialTest(harness.ConformanceTestCase):
         cls.reference = harness.recorded(lambda c, _: main(c, True), "one_device", "")
         cls.tfdist = harness.run_on_cluster(worker, "tfdist_multi_worker", False)
         cls.tfdist_seeded = harness.run_on_cluster(worker, "tfdist_multi_worker", True)
-        cls.tf = harness.run_on_cluster(worker, "tf_multi_worker", False)
+        cls.tf = harness.run_on_cluster(
+            worker, "tf_multi_worker", False) if harness.TF_CONTENDER else None
 
     def test_tfdist_workers_see_every_example_once_per_epoch_unseeded(self):
         self.assert_workers_saw_each_example_once_per_epoch(self.tfdist, NUM_TRAIN, EPOCHS)
@@ -119,6 +120,7 @@ class MultiWorkerKerasTutorialTest(harness.ConformanceTestCase):
         for record in self.tfdist_seeded:
             self.assert_same_results(record, self.reference)
 
+    @harness.needs_tf_contender
     @pytest.mark.skipif(not harness.KERAS_3, reason="Keras 3 only: tf-keras runs TF's MWMS")
     def test_tf_strategy_fails_under_keras3(self):
         # Keras 3's Trainer reduces a nested batch with strategy.reduce,
@@ -128,6 +130,7 @@ class MultiWorkerKerasTutorialTest(harness.ConformanceTestCase):
             self.assertIsNotNone(record.error)
             self.assertIn("PerReplica", record.error)
 
+    @harness.needs_tf_contender
     @pytest.mark.skipif(harness.KERAS_3, reason="tf-keras only: TF's MWMS fails under Keras 3")
     def test_tf_strategy_loses_and_repeats_examples_under_tf_keras(self):
         # TF auto-shards by data: each worker keeps its share of its own
