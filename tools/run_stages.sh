@@ -6,8 +6,8 @@
 #
 #   tools/run_stages.sh TARGET...      (MAKE names the make to run; default make)
 #
-# A TARGET of the form a+b runs make targets a and b side by side (each
-# one's output kept apart and printed whole when both have ended): two
+# A TARGET of the form a+b(+...) runs make targets a, b, ... side by side (each
+# one's output kept apart and printed whole when all have ended): two
 # test stages that each leave a core idle now and then fill each other's
 # idle time.
 set -uo pipefail
@@ -51,7 +51,7 @@ for group in "$@"; do
     record "$group" "$log" "$rc" $((SECONDS - start))
     continue
   fi
-  echo "Running side by side: ${targets[*]} (each one's output follows when both have ended)"
+  echo "Running side by side: ${targets[*]} (each one's output follows when all have ended)"
   declare -A pids=() started=()
   for target in "${targets[@]}"; do
     started[$target]=$SECONDS
