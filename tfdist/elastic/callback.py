@@ -154,11 +154,11 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         strategy = self.model.distribute_strategy
         if isinstance(strategy, tf.distribute.ParameterServerStrategy):
             raise errors.ConfigError(
-                f"Elastic does not support {type(strategy).__name__} yet: its "
-                "workers read input through TF's cluster coordinator, which "
-                "cannot start an epoch at a step, and its ps tasks must outlive "
-                "the chief's save. Use keras.callbacks.BackupAndRestore (it "
-                "resumes at the epoch), or a data-parallel tfdist strategy."
+                f"Elastic does not support {type(strategy).__name__} yet: the "
+                "chief's input cannot start an epoch at a step, and SIGTERM ends "
+                "the ps tasks before the chief could save from them. Use "
+                "keras.callbacks.BackupAndRestore (it resumes at the epoch), or a "
+                "data-parallel tfdist strategy."
             )
         self._keras3 = not type(self.model).__module__.startswith("tf_keras")
         is_writer = bool(getattr(strategy.extended, "should_checkpoint", True))
