@@ -209,7 +209,7 @@ class MeshStrategy(tf.distribute.Strategy):
         super().__init__(
             _extended.MeshExtended(
                 self, mesh=self._mesh, rules=rules, batch_dim_name=batch_dim_name,
-                is_chief=cluster is None or cluster.task is None or cluster.task.task_id == 0)
+                is_chief=cluster is None or cluster.is_chief)
         )
         self._watchdog: peer_watchdog.PeerWatchdog | None = None
         if cluster is not None:

@@ -118,7 +118,7 @@ class IteratorReaperTest(tf.test.TestCase):
         # iterators there costs seconds on a loaded machine.
         files = _run_and_exit(self, """
             kept = reaper.adopt(Thing("kept"))
-            reaper._POLL_S = 0.5  # Dropped now, found by the thread after exit began.
+            reaper._POLL_S = 5.0  # Dropped now; the thread looks again long after exit began.
             time.sleep(0.1)
             reaper.adopt(Thing("dropped_at_exit"))
         """)
