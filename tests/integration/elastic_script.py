@@ -27,6 +27,11 @@ MODE:
 - a `_mesh` suffix (TF_CONFIG with 2 workers): `tfdist.MeshStrategy({"batch": 2,
   "model": 2})` on 2 logical CPUs per worker (automatic layouts: the hidden
   Dense layer split over a worker's two).
+- a `_ps` suffix (TF_CONFIG with a chief, 1 worker and 1 ps task):
+  `tfdist.ParameterServerStrategy()` in async mode, its steps queued on
+  the one worker (each runs after the one before, as on one device, while
+  the chief's loop runs ahead of them); the chief is the task that signals
+  itself or marks the point.
 
 A task stopped by a notice writes OUT_DIR/preempted-<task>.json: the epoch
 and step it saved at.
@@ -141,8 +146,13 @@ def main(mode: str, out_dir: str) -> None:
     mode = mode.removesuffix("_shard")
     on_mesh = mode.endswith("_mesh")
     mode = mode.removesuffix("_mesh")
+    on_ps = mode.endswith("_ps")
+    mode = mode.removesuffix("_ps")
     options = tfdist.data.ShardOptions(seed=7, shuffle=True) if shard else None
-    if on_mesh:
+    if on_ps:
+        strategy = tfdist.ParameterServerStrategy(timeout_s=30)  # Serves on worker and ps tasks.
+        task, tasks = "chief", ["chief"]
+    elif on_mesh:
         tfdist.simulate_cpu_devices(2)
         strategy = tfdist.MeshStrategy({"batch": 2, "model": 2}, layout_map=None, timeout_s=30)
         task = strategy.cluster_config.task.name

@@ -1,7 +1,8 @@
 """Elastic jobs with real processes: preemption saves at a step, and the job resumes there on any worker count.
 
 Each test launches `elastic_script.py` (a counting classifier under
-tfdist.MultiWorkerMirroredStrategy with tfdist.elastic.Elastic) with
+tfdist.MultiWorkerMirroredStrategy, or MeshStrategy, or
+ParameterServerStrategy, with tfdist.elastic.Elastic) with
 `tfdist-launch` on 127.0.0.1, and compares the final weights with one
 process training uninterrupted on one device (same global batches), and
 the examples the final model counted (a weight, restored across attempts)
@@ -36,6 +37,8 @@ from tests.integration import fault_lib
 pytestmark = [pytest.mark.multiprocess]
 
 SCRIPT = os.path.abspath(job.__file__)
+_TWO_WORKERS = ("--workers", "2")
+_PS_JOB = ("--chief", "--workers", "1", "--ps", "1")
 
 
 def _command(out_dir, mode, *launcher_args):
@@ -96,32 +99,46 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
     # `make test-all`'s multi-process tf-keras stage (`model` marker).
     # On a 2x2 mesh (TF's DTensor in multi-client mode) as well: the tasks
     # agree on the step there too, and worker 0 writes the state.
+    # The parameter-server job: a chief, whose loop runs ahead of the steps
+    # it queues on the one worker, and a ps task.
     @pytest.mark.model
-    @parameterized.named_parameters(("multi_worker", "self_sigterm"), ("mesh", "self_sigterm_mesh"))
-    def test_sigterm_to_one_task_stops_every_task_at_one_step_and_the_restart_resumes_there(self, mode):
+    @parameterized.named_parameters(
+        ("multi_worker", "self_sigterm", _TWO_WORKERS, "worker"),
+        ("mesh", "self_sigterm_mesh", _TWO_WORKERS, "worker"),
+        ("parameter_server", "self_sigterm_ps", _PS_JOB, "chief"),
+    )
+    def test_sigterm_to_one_task_stops_every_task_at_one_step_and_the_restart_resumes_there(
+            self, mode, tasks, training_job):
         tf_keras = not KERAS_3
         out_dir = self.create_tempdir().full_path
-        result = _launch(out_dir, mode, "--workers", "2", "--restarts", "1", tf_keras=tf_keras)
+        result = _launch(out_dir, mode, *tasks, "--restarts", "1", tf_keras=tf_keras)
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
-        self.assertIn("restart 1/1: task worker:", result.stderr)
-        self.assertIn("exited with code 143", result.stderr)
-        # Both tasks saved at the same step of the signal's epoch, not at its end.
+        # The first training task to exit after its commit ends the attempt.
+        self.assertRegex(result.stderr, rf"restart 1/1: task {training_job}:\d exited with code 143")
+        # Every training task saved at the same step of the signal's epoch, not at its end.
         (position,) = self.saved_positions(out_dir)
         self.assertEqual(position[0], job.SIGNAL_EPOCH)
         self.assertGreater(position[1], job.SIGNAL_STEP)
         self.assertLess(position[1], job.STEPS_PER_EPOCH)
-        self.assertLen(glob.glob(os.path.join(out_dir, "preempted-*.json")), 2)
+        self.assertLen(glob.glob(os.path.join(out_dir, "preempted-*.json")), 1 if training_job == "chief" else 2)
         self.assert_each_example_once_per_epoch(out_dir)
         self.assert_equals_uninterrupted(out_dir, tf_keras)
 
-    def test_sigterm_to_the_launcher_exits_143_and_a_rerun_on_one_worker_resumes_at_the_step(self):
+    # A parameter-server job's worker and ps tasks get the launcher's SIGTERM
+    # too, and must serve until the chief has saved from them.
+    @parameterized.named_parameters(
+        ("multi_worker", "wait_for_sigterm", _TWO_WORKERS, ("--workers", "1")),
+        ("parameter_server", "wait_for_sigterm_ps", _PS_JOB, _PS_JOB),
+    )
+    def test_sigterm_to_the_launcher_exits_143_and_a_rerun_resumes_at_the_step(
+            self, mode, tasks, rerun_tasks):
         out_dir = self.create_tempdir().full_path
         launcher = subprocess.Popen(
-            _command(out_dir, "wait_for_sigterm", "--workers", "2"), env=fault_lib.env(),
+            _command(out_dir, mode, *tasks), env=fault_lib.env(),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         try:
-            _wait_for(out_dir, "reached-", 2, launcher)
+            _wait_for(out_dir, "reached-", 1 if mode.endswith("_ps") else 2, launcher)
             launcher.send_signal(signal.SIGTERM)
             _, stderr = launcher.communicate(timeout=fault_lib.JOB_LIMIT_S)
         finally:
@@ -132,8 +149,8 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(epoch, job.SIGNAL_EPOCH)
         self.assertGreater(step, 0)
 
-        # One worker: the rest of the epoch's global batches, all its own.
-        rerun = _launch(out_dir, "wait_for_sigterm", "--workers", "1")
+        # Multi-worker on one worker: the rest of the epoch's global batches, all its own.
+        rerun = _launch(out_dir, mode, *rerun_tasks)
         self.assertEqual(rerun.returncode, 0, rerun.stderr[-5000:])
         self.assertIn("tfdist.elastic: resumed from", rerun.stderr)
         self.assert_each_example_once_per_epoch(out_dir)

@@ -250,15 +250,24 @@ class ElasticArgumentsTest(tf.test.TestCase, parameterized.TestCase):
         with self.assertRaisesRegex(tfdist.errors.ConfigError, pattern):
             tfdist.elastic.Elastic(**kwargs)
 
-    def test_a_parameter_server_strategy_is_refused_at_fit_start(self):
-        class Model:  # What the callback reads of a model training under it.
-            distribute_strategy = object.__new__(tfdist.ParameterServerStrategy)
+    # What the callback reads of a model: its strategy, built without a cluster.
+    @parameterized.named_parameters(
+        ("tf_strategy", tf.distribute.ParameterServerStrategy, None,
+         r"tfdist's parameter-server strategy, not TF's.*ParameterServerStrategyV2.*BackupAndRestore"),
+        ("input_service", tfdist.ParameterServerStrategy, "chief",
+         r"tf.data service \(input_service='chief'\).*input_service=None"),
+    )
+    def test_a_parameter_server_strategy_elastic_cannot_resume_is_refused_at_fit_start(
+            self, strategy_class, input_service, pattern):
+        strategy = object.__new__(strategy_class)
+        strategy._input_service_target = input_service
+
+        class Model:
+            distribute_strategy = strategy
 
         elastic = tfdist.elastic.Elastic("/tmp/backup")
         elastic.set_model(Model())
-        with self.assertRaisesRegex(
-            tfdist.errors.ConfigError, r"Elastic does not support ParameterServerStrategy yet.*BackupAndRestore"
-        ):
+        with self.assertRaisesRegex(tfdist.errors.ConfigError, pattern):
             elastic.on_train_begin()
 
     def test_resuming_mid_epoch_under_a_strategy_without_tfdist_input_raises_config_error(self):

@@ -49,6 +49,7 @@ from tfdist.data.distributed import resume
 from tfdist.elastic import agreement as agreement_lib
 from tfdist.elastic import notice as notice_lib
 from tfdist.elastic import training_state
+from tfdist.parameter_server import keras_loop
 
 __all__ = ["Elastic"]
 
@@ -69,6 +70,10 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         arrays) given to `fit` under a tfdist strategy, which starts its
         pass at the saved step; otherwise `fit` raises `ConfigError` at
         its first step.
+      - Under `tfdist.ParameterServerStrategy` the callback runs on the
+        chief (the only task in `fit`): it commits once the steps in flight
+        have finished, and the worker and ps tasks serve on after SIGTERM
+        until the chief has exited (`parameter_server.roles.serve`).
       - The model must be built again the same way (same layers, same
         optimizer) before `fit` resumes it. The number of workers may
         differ: the global batch is the dataset's, whatever the workers.
@@ -87,8 +92,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     Raises:
       ConfigError: If `save_freq` is invalid (at construction); at `fit`'s
-        start under a parameter-server strategy (not supported yet); or at
-        `fit`'s first step if a resume point was not taken by the input.
+        start under TF's parameter-server strategy, or tfdist's with an
+        `input_service`; or at `fit`'s first step if a resume point was not
+        taken by the input.
       TrainingPreempted: From `fit`, once every task has committed after a
         notice; uncaught, the process exits 143.
     """
@@ -152,14 +158,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_begin(self, logs: Any = None) -> None:
         del logs
         strategy = self.model.distribute_strategy
-        if isinstance(strategy, tf.distribute.ParameterServerStrategy):
-            raise errors.ConfigError(
-                f"Elastic does not support {type(strategy).__name__} yet: the "
-                "chief's input cannot start an epoch at a step, and SIGTERM ends "
-                "the ps tasks before the chief could save from them. Use "
-                "keras.callbacks.BackupAndRestore (it resumes at the epoch), or a "
-                "data-parallel tfdist strategy."
-            )
+        _check_parameter_server(strategy)
         self._keras3 = not type(self.model).__module__.startswith("tf_keras")
         is_writer = bool(getattr(strategy.extended, "should_checkpoint", True))
         self._state = training_state.TrainingState(
@@ -315,6 +314,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def _commit(self, epoch: int, step: int) -> None:
         assert self._state is not None
+        # A parameter-server chief's loop runs ahead of its steps: the state
+        # must hold every step Keras has counted.
+        keras_loop.wait_for_steps(self.model)
         # At an epoch end (step 0), on_epoch_end has already moved
         # `_data_epoch` on to the next pass.
         self._state.commit(
@@ -342,6 +344,30 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if self._resume_armed:
             self._resume_armed = False
             resume.disarm()
+
+
+def _check_parameter_server(strategy: Any) -> None:
+    """Raises unless a parameter-server `strategy` is tfdist's, reading the input on the chief."""
+    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        return
+    from tfdist.parameter_server import strategy as parameter_server  # Imports TF's.
+
+    if not isinstance(strategy, parameter_server.ParameterServerStrategy):
+        raise errors.ConfigError(
+            "Elastic supports tfdist's parameter-server strategy, not TF's; the "
+            f"model trains under {type(strategy).__name__} (tf.distribute's), "
+            "whose Keras loop reads the input on the workers and cannot start an "
+            "epoch at a step. Build the model under tfdist.ParameterServerStrategy(), "
+            "or use keras.callbacks.BackupAndRestore (it resumes at the epoch)."
+        )
+    if strategy.input_service is not None:
+        raise errors.ConfigError(
+            "Elastic cannot resume a parameter-server job whose workers read the "
+            f"input from a tf.data service (input_service={strategy.input_service!r}): "
+            "a service's pass cannot start at a step. Build the strategy with "
+            "input_service=None (the chief reads the input), or use "
+            "keras.callbacks.BackupAndRestore (it resumes at the epoch)."
+        )
 
 
 #: `fit` calls with an Elastic callback in this process so far: every task

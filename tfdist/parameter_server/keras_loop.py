@@ -48,11 +48,12 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from tfdist._internal import keras_ps
+from tfdist.data.distributed import resume
 from tfdist.parameter_server import input_packing
 from tfdist.parameter_server import service_input
 from tfdist.parameter_server import step_ledger
 
-__all__ = ["ChiefDataset", "ChiefIterator", "KerasLoop", "StepRunner"]
+__all__ = ["ChiefDataset", "ChiefIterator", "KerasLoop", "StepRunner", "wait_for_steps"]
 
 #: Least time between two steps whose logs are fetched (for the progress
 #: bar; each fetch is a copy from a worker). Other steps' outputs are
@@ -107,26 +108,36 @@ class StepRunner(Protocol):
 class ChiefIterator:
     """An iterator over the user's dataset on the chief, for tfdist's step functions.
 
-    A thread reads ahead (at most `_READ_AHEAD` batches) so that Keras's
-    loop thread only takes batches from a queue: reading a `tf.data`
-    iterator costs the loop about a millisecond per batch in TF's eager
-    machinery. Order and content are the dataset's; an error of the
-    pipeline is raised where that batch would have been.
+    The pass opens at the first `next`: Keras makes iterators it never reads
+    (tf-keras one before its first epoch, Keras 3 one at each epoch end),
+    which then read nothing. From there a thread reads ahead (at most
+    `_READ_AHEAD` batches) so that Keras's loop thread only takes batches
+    from a queue: reading a `tf.data` iterator costs the loop about a
+    millisecond per batch in TF's eager machinery. Order and content are
+    the dataset's; an error of the pipeline is raised where that batch
+    would have been.
+
+    Args:
+      open_pass: Returns the pass's iterator; called once, at the first `next`.
+      synchronous: See the attribute.
 
     Attributes:
       synchronous: Whether each step must finish before the function
         returns (tf-keras's `*_on_batch`: their logs are that batch's).
     """
 
-    def __init__(self, iterator: Any, *, synchronous: bool) -> None:
+    def __init__(self, open_pass: Callable[[], Any], *, synchronous: bool) -> None:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(_READ_AHEAD)
         self._stop = threading.Event()
-        self._reader = threading.Thread(
-            target=self._read, args=(iterator,), name="tfdist-chief-input", daemon=True
-        )
-        self._reader.start()
+        self._open_pass: Callable[[], Any] | None = open_pass
         self._ended = False
         self.synchronous = synchronous
+
+    def _start(self, open_pass: Callable[[], Any]) -> None:
+        iterator = open_pass()
+        threading.Thread(
+            target=self._read, args=(iterator,), name="tfdist-chief-input", daemon=True
+        ).start()
 
     def _read(self, iterator: Any) -> None:
         while not self._stop.is_set():
@@ -158,6 +169,9 @@ class ChiefIterator:
     def __next__(self) -> Any:
         if self._ended:
             raise StopIteration
+        if self._open_pass is not None:
+            open_pass, self._open_pass = self._open_pass, None
+            self._start(open_pass)
         kind, value = self._queue.get()
         if kind == "batch":
             return value
@@ -175,15 +189,28 @@ class ChiefDataset(tf.distribute.DistributedDataset):
 
     Each iteration is a new pass over `dataset` (a reshuffling pipeline
     reshuffles), yielding its elements as they are; tfdist's step functions
-    send each batch to the step that trains on it.
+    send each batch to the step that trains on it. A pass started while a
+    `resume.ResumePoint` is armed (`tfdist.elastic` resuming at step k)
+    takes it, and the first pass read from then on skips its first k
+    batches (an endless dataset: every step trained since the job began);
+    later passes are whole.
     """
 
     def __init__(self, dataset: tf.data.Dataset, *, synchronous: bool = False) -> None:
         self._dataset = dataset
         self._synchronous = synchronous
+        self._skip = 0  # Elements the next pass to be read skips.
 
     def __iter__(self) -> ChiefIterator:
-        return ChiefIterator(iter(self._dataset), synchronous=self._synchronous)
+        point = resume.take()
+        if point is not None:
+            self._skip = point.steps_to_skip(self.cardinality)
+        resume.started(None)  # Passes are not numbered: the dataset's own.
+        return ChiefIterator(self._open_pass, synchronous=self._synchronous)
+
+    def _open_pass(self) -> Any:
+        skip, self._skip = self._skip, 0
+        return iter(self._dataset.skip(skip) if skip else self._dataset)
 
     @property
     def element_spec(self) -> Any:
@@ -293,6 +320,10 @@ class KerasLoop:
                 if not iterator.drained:
                     self._reading.settle(iterator, self._reading_function(kind, iterator, 1))
         self._logs = self._logs_due = None
+
+    def wait_for_steps(self) -> None:
+        """Waits for every step in flight, and only that (no pass is settled)."""
+        self._runner.wait_all()
 
     def _variables(self) -> list[Any]:
         model = self._model
@@ -413,3 +444,16 @@ class KerasLoop:
         outputs = self._runner.result(handle)
         self._take_finished()
         return outputs
+
+
+def wait_for_steps(model: Any) -> None:
+    """Blocks until every step of `model` scheduled so far has finished; nothing if none can be.
+
+    For a model whose loops tfdist's parameter-server strategy runs: its
+    weights then hold every step Keras has counted (`tfdist.elastic` commits
+    after it). Bounded as the epoch barrier (each step by `timeout_s`);
+    raises what a failed step raised. Any other model: returns at once.
+    """
+    loop = keras_ps.installed_owner(model)
+    if isinstance(loop, KerasLoop):
+        loop.wait_for_steps()

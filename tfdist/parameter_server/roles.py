@@ -21,8 +21,11 @@ without bound), and names the ones that did not.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from absl import logging
 
@@ -110,8 +113,14 @@ def serve(config: ClusterConfig) -> NoReturn:
     """Starts this worker/ps task's TF server and serves until the process ends.
 
     Called by the strategy's constructor on worker and ps tasks; never
-    returns. SIGTERM (the launcher's stop) ends the process; SIGINT raises
-    `KeyboardInterrupt` here.
+    returns. SIGTERM (the launcher's stop, or a preemption notice) does not
+    end the process at once: it serves on until the chief no longer
+    accepts connections (checked every `_POLL_INTERVAL_S`), then exits with
+    `errors.PREEMPTED_EXIT_CODE` (143). A chief stopped by the same notice
+    (`tfdist.elastic.Elastic`) thus finishes its steps in flight and saves
+    from the ps tasks before they go; the launcher's (or Kubernetes')
+    grace period bounds the wait. A second SIGTERM exits at once. SIGINT
+    raises `KeyboardInterrupt` here.
 
     Raises:
       ClusterConfigError: If this task's address is already in use.
@@ -139,8 +148,41 @@ def serve(config: ClusterConfig) -> NoReturn:
         server.target,
         threads,
     )
-    while True:  # A Python loop, not server.join(): SIGINT still works.
-        time.sleep(3600)
+    if threading.current_thread() is not threading.main_thread():
+        while True:  # Signals reach the main thread only: served until the process ends.
+            time.sleep(3600)
+    try:
+        signal.signal(signal.SIGTERM, _notice)
+        while True:  # A Python loop, not server.join(): signals still work.
+            time.sleep(3600)
+    except _Notice:
+        pass
+    signal.signal(signal.SIGTERM, _exit_now)
+    logging.warning(
+        "tfdist: task %s received SIGTERM; it serves until the chief has exited, "
+        "then exits %d.", config.task.name, errors.PREEMPTED_EXIT_CODE,
+    )
+    while not startup.unreachable_peers(config, jobs=("chief",)):
+        time.sleep(_POLL_INTERVAL_S)
+    _exit_now()
+
+
+class _Notice(Exception):
+    """SIGTERM reached a serving task (raised by its handler to end the idle sleep)."""
+
+
+def _notice(signal_number: int, frame: Any) -> NoReturn:
+    del signal_number, frame
+    raise _Notice
+
+
+def _exit_now(*unused: Any) -> NoReturn:
+    """Exits 143 at once: a serving task holds nothing to save or tear down."""
+    del unused
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(errors.PREEMPTED_EXIT_CODE)
 
 
 def wait_for_tasks(config: ClusterConfig, timeout_s: float) -> None:

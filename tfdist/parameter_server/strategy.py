@@ -273,6 +273,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             )
         else:
             self._runner = async_runner.AsyncRunner(self, self._scheduler, self._update_gate)
+        self._input_service_target = service_target
         self._input_service = (
             None if service_target is None else service_input.InputService(service_target, config)
         )
@@ -321,6 +322,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     def max_staleness(self) -> int | None:
         """The staleness bound of async mode, or None."""
         return self._max_staleness
+
+    @property
+    def input_service(self) -> str | None:
+        """Where the workers read `fit`'s input: None (the chief reads it), "chief" or "grpc://host:port"."""
+        return self._input_service_target
 
     @property
     def timeout_s(self) -> float:

@@ -64,7 +64,7 @@ class KerasLoopLogsTest(tf.test.TestCase):
             tf.distribute.get_strategy(), model, runner, exact_counters=lambda variables: None
         )
         data = tf.data.Dataset.from_tensor_slices(np.zeros((40, 2), "float32")).batch(2)
-        iterator = keras_loop.ChiefIterator(iter(data), synchronous=False)
+        iterator = keras_loop.ChiefIterator(lambda: iter(data), synchronous=False)
         self.addCleanup(iterator.close)
         saved = keras_loop._LOGS_INTERVAL_S
         keras_loop._LOGS_INTERVAL_S = 0.0

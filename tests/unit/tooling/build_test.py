@@ -639,6 +639,8 @@ class PrivateUpstreamAttributeTest(absltest.TestCase):
             for node in ast.walk(tree):
                 if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
                     continue
+                if _is_stdlib_public(node):
+                    continue
                 base = node.value
                 if isinstance(base, ast.Name) and base.id in ("self", "cls"):
                     continue
@@ -670,6 +672,7 @@ class PrivateUpstreamAttributeTest(absltest.TestCase):
                     isinstance(node, ast.Attribute)
                     and _is_private(node.attr)
                     and node.attr not in self.own_names
+                    and not _is_stdlib_public(node)
                 ):
                     with self.subTest(path=path, line=node.lineno):
                         self.fail(
@@ -705,6 +708,15 @@ class PrivateUpstreamAttributeTest(absltest.TestCase):
 def _is_private(name: str) -> bool:
     """Single-underscore names, but not Python's own machinery (`_abc_impl`)."""
     return name.startswith("_") and not name.startswith("__") and name != "_abc_impl"
+
+
+#: Documented public names of Python's standard library that begin with an underscore.
+_STDLIB_PUBLIC = {("os", "_exit")}
+
+
+def _is_stdlib_public(node: ast.Attribute) -> bool:
+    """Whether `node` is one of `_STDLIB_PUBLIC` (`os._exit`)."""
+    return isinstance(node.value, ast.Name) and (node.value.id, node.attr) in _STDLIB_PUBLIC
 
 
 # --------------------------------------------------------------------------

@@ -84,11 +84,8 @@ class DistributedDataset(tf.distribute.DistributedDataset):
         if point is not None and self._resumed is not None:
             self._resumed_as = self._resumed(point)
         elif point is not None:
-            # An endless pass is read across epochs (`steps_per_epoch`): it
-            # resumes after every step trained, not the epoch's alone.
-            endless = self._cardinality == tf.data.INFINITE_CARDINALITY
-            steps = point.stream_step if endless and point.stream_step is not None else point.step
-            self._make_dataset = _skipping_once(self._make_dataset, steps)
+            self._make_dataset = _skipping_once(
+                self._make_dataset, point.steps_to_skip(self._cardinality))
         if self._resumed_as is not None:
             return iter(self._resumed_as)
         if tf.executing_eagerly():

@@ -46,6 +46,20 @@ class ResumePoint:
     step: int
     stream_step: int | None = None
 
+    def steps_to_skip(self, cardinality: int) -> int:
+        """Global batches a plain pass of `cardinality` elements skips to start here.
+
+        An endless pass (`tf.data.INFINITE_CARDINALITY`, read across every
+        epoch under `steps_per_epoch`) skips every step trained since the
+        job began (`stream_step`); any other pass the steps of its epoch.
+        """
+        if cardinality == _INFINITE and self.stream_step is not None:
+            return self.stream_step
+        return self.step
+
+
+#: `tf.data.INFINITE_CARDINALITY` (this module imports nothing from TensorFlow).
+_INFINITE = -1
 
 _lock = threading.Lock()
 _armed: ResumePoint | None = None

@@ -1,0 +1,86 @@
+"""A parameter-server job's serving task after SIGTERM: it serves until the chief is gone, then exits 143.
+
+The task (`serving_task_script.py`, the ps task of a chief, a worker and a
+ps) runs alone; the chief is a socket this test listens on, closed when
+the test says the chief has gone. A chief stopped by the same notice
+(`tfdist.elastic.Elastic`) saves from the ps tasks before they go:
+tests/integration/elastic_test.py runs that job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+from absl.testing import absltest
+
+import tfdist
+from tests import forked_script
+from tests.integration import serving_task_script
+from tfdist.launch import ports
+
+pytestmark = [pytest.mark.multiprocess]
+
+SCRIPT = os.path.abspath(serving_task_script.__file__)
+#: Bound on the task's start and on each exit awaited, seconds.
+_BOUND_S = 60.0
+#: How long the task is watched serving on after SIGTERM, seconds (its check
+#: of the chief runs every 0.25 s).
+_SERVES_ON_S = 1.5
+
+
+def _accepts(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+class ServingTaskSigtermTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.chief = socket.create_server((ports.LOCAL_HOST, 0))  # The chief, listening.
+        self.addCleanup(self.chief.close)
+        chief = f"{ports.LOCAL_HOST}:{self.chief.getsockname()[1]}"
+        self.ps = ports.free_local_address()
+        tf_config = {
+            "cluster": {"chief": [chief], "worker": [ports.free_local_address()], "ps": [self.ps]},
+            "task": {"type": "ps", "index": 0},
+        }
+        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_NUM_INTRAOP_THREADS="1")
+        self.task = forked_script.ForkedScript(
+            [sys.executable, "-u", SCRIPT], env, cwd=os.getcwd(), keep_stdout=False)
+        self.addCleanup(self.task.kill, timeout=_BOUND_S)
+        deadline = time.monotonic() + _BOUND_S
+        while not _accepts(self.ps):
+            if self.task.returncode is not None or time.monotonic() > deadline:
+                self.fail(f"the ps task did not start serving:\n{self.task.stderr[-3000:]}")
+            time.sleep(0.1)
+
+    def test_sigterm_serves_on_while_the_chief_is_there_then_exits_143(self):
+        os.kill(self.task.pid, signal.SIGTERM)
+        time.sleep(_SERVES_ON_S)
+        self.assertIsNone(self.task.returncode, self.task.stderr[-3000:])
+        self.assertTrue(_accepts(self.ps))
+        self.chief.close()  # The chief has exited.
+        self.assertEqual(self.task.wait(_BOUND_S), tfdist.errors.PREEMPTED_EXIT_CODE)
+        self.assertIn("task ps:0 received SIGTERM; it serves until the chief has exited", self.task.stderr)
+
+    def test_a_second_sigterm_exits_143_at_once(self):
+        os.kill(self.task.pid, signal.SIGTERM)
+        time.sleep(_SERVES_ON_S)
+        self.assertIsNone(self.task.returncode, self.task.stderr[-3000:])
+        os.kill(self.task.pid, signal.SIGTERM)
+        self.assertEqual(self.task.wait(_BOUND_S), tfdist.errors.PREEMPTED_EXIT_CODE)
+
+
+if __name__ == "__main__":
+    tfdist.testing.main()
