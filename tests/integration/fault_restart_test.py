@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
 
 import tfdist
+from tests import forked_script
 from tests.front_end import KERAS_3
 from tests.integration import fault_lib
 from tests.integration import fault_script
@@ -60,9 +60,11 @@ class StartUpTest(tf.test.TestCase):
             "    print('RESULT', e.task, round(time.time() - start, 1))\n"
             "    print('MESSAGE', e)\n"
         )
-        result = subprocess.run(
-            [sys.executable, "-c", code], env=fault_lib.env(fault_lib.tf_config(addresses, 0)),
-            capture_output=True, text=True, timeout=fault_lib.JOB_LIMIT_S,
+        # Forked from a template that imported TF: a fresh interpreter's import is ~4 CPU-s.
+        script = self.create_tempfile("never_started.py", code).full_path
+        result = forked_script.run(
+            [sys.executable, script], fault_lib.env(fault_lib.tf_config(addresses, 0)),
+            cwd=os.getcwd(), timeout_s=fault_lib.JOB_LIMIT_S,
         )
         lines = dict(
             line.split(" ", 1) for line in result.stdout.splitlines()

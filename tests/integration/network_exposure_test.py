@@ -81,14 +81,16 @@ def _accepts(address: str, port: int) -> bool:
 
 
 class _ServingJob:
-    """`python -m tfdist.launch --workers 2 [flags]` serving until stopped."""
+    """`python -m tfdist.launch --workers 2 --preload tensorflow [flags]` serving until stopped."""
 
     def __init__(self, test: absltest.TestCase, *flags: str) -> None:
+        # A script, so that each task is forked from a template that imported TF.
+        serve = test.create_tempfile("serve.py", _SERVE).full_path
         self._process = subprocess.Popen(
             [
                 sys.executable, "-m", "tfdist.launch", "--workers", "2",
-                "--grace-period-s", "20", *flags,
-                "--", *programs.python(_SERVE),
+                "--grace-period-s", "20", "--preload", "tensorflow", *flags,
+                "--", sys.executable, serve,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -34,6 +34,13 @@ _BOUND_S = 60.0
 _SERVES_ON_S = 1.5
 
 
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a SIGTERM handler (Linux: its caught-signals mask)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) & (1 << (signal.SIGTERM - 1)))
+
+
 def _accepts(address: str) -> bool:
     host, port = address.rsplit(":", 1)
     try:
@@ -59,8 +66,9 @@ class ServingTaskSigtermTest(absltest.TestCase):
         self.task = forked_script.ForkedScript(
             [sys.executable, "-u", SCRIPT], env, cwd=os.getcwd(), keep_stdout=False)
         self.addCleanup(self.task.kill, timeout=_BOUND_S)
+        # Serving, and past the moment its SIGTERM handler is installed.
         deadline = time.monotonic() + _BOUND_S
-        while not _accepts(self.ps):
+        while not (_accepts(self.ps) and _catches_sigterm(self.task.pid)):
             if self.task.returncode is not None or time.monotonic() > deadline:
                 self.fail(f"the ps task did not start serving:\n{self.task.stderr[-3000:]}")
             time.sleep(0.1)
