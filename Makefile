@@ -13,15 +13,17 @@ PY := $(VENV)/bin/python
 STAMP_DIR := $(VENV)/.tfdist-stamps
 # The slowest set-ups and tests, listed in every test run's log (where CI's time goes).
 PYTEST_FLAGS ?= --durations=20 --durations-min=5
-# Test processes (pytest-xdist; a file's tests stay in one process). Much of
-# the tests' time leaves a core idle (process start-up, waits on peers and
-# on timeouts that a fault test must reach), so three processes on two cores
-# shorten the wall time (the Keras 3 stage: 617 s with two, 528 s with
-# three); PYTEST_JOBS=0 runs serially. A test process that crashes (a
-# segfault in TensorFlow) fails the run at once, naming its test: xdist's
-# replacement worker under --dist loadfile can wait forever
+# Test processes (pytest-xdist; a file's tests stay in one process). Alone,
+# the Keras 3 stage left a core idle in much of its time (process start-up,
+# waits on peers and on timeouts that a fault test must reach): 617 s with
+# two processes, 528 s with three. Beside the tf-keras stage, mypy and
+# Sphinx (`make test`) the two cores are busy throughout and a third
+# process only contends: the whole run took 875 s with two against 895 s
+# with three (2026-11-28). PYTEST_JOBS=0 runs serially. A test process that
+# crashes (a segfault in TensorFlow) fails the run at once, naming its
+# test: xdist's replacement worker under --dist loadfile can wait forever
 # (pytest-dev/pytest-xdist#784).
-PYTEST_JOBS ?= 3
+PYTEST_JOBS ?= 2
 # The tf-keras stage's tests compute more than they wait (it starts few
 # clusters), so a third process there only contends: 248 s with two
 # against 269 s with three (2026-11-27).

@@ -12,6 +12,7 @@ import pytest
 
 import tfdist
 from tests import forked_script
+from tests.front_end import KERAS_3
 from tests.front_end import TF_CONTENDER
 from tfdist import launch  # noqa: F401 - run as `python -m tfdist.launch`; Bazel ships it
 
@@ -109,18 +110,17 @@ class DigitsExampleTest(parameterized.TestCase):
         self.assertIn("[worker:0] saved weights to", output)
         self.assertNotIn("[worker:1] saved weights", output)
 
-    @parameterized.named_parameters(
-        ("keras3", {"TF_USE_LEGACY_KERAS": "0"}),
-        ("tf_keras", {"TF_USE_LEGACY_KERAS": "1"}),
-    )
-    def test_parameter_server_runs_under_the_launcher(self, extra_env):
+    # The test process's front end: Keras 3 in `make test`, tf-keras in
+    # `make test-all`'s multi-process tf-keras stage (`model` marker).
+    @pytest.mark.model
+    def test_parameter_server_runs_under_the_launcher(self):
         # The same script on every task: worker and ps tasks serve inside
         # the strategy's constructor; the chief trains and its exit ends
         # the job.
         result = _run(
             ["--strategy=parameter_server"],
             launcher_args=["--chief", "--workers", "2", "--ps", "2", "--timeout-s", "200"],
-            extra_env=extra_env,
+            extra_env={"TF_USE_LEGACY_KERAS": "0" if KERAS_3 else "1"},
         )
         output = result.stdout + result.stderr
         self.assertEqual(result.returncode, 0, msg=output[-3000:])
