@@ -1,6 +1,6 @@
 """Elastic jobs: what a membership change costs, and what keeping state committable costs.
 
-    python benchmarks/elastic.py [--repeats=3] [--tf_keras]
+    python benchmarks/elastic.py [--repeats=3] [--tf_keras] [--recovery_only=CASE ...]
 
 Every job runs `tfdist-launch --preload tensorflow` on this machine with
 this script as the task program (`--task`), a 32 -> 256 -> 256 -> 10 MLP
@@ -19,6 +19,12 @@ that the driver reads after the job.
      epoch 1, `Elastic(save_freq=8)`: death -> the survivors' fit raises
      (detect) -> they have exited (stop) -> the new tasks start (re-form)
      -> restored -> first step. Steps lost: steps after the last commit.
+   - `preempted_ps`: the parameter-server job (`--chief --workers 2 --ps 1`,
+     `tfdist.ParameterServerStrategy` in async mode): SIGTERM to the chief
+     at step 20 of epoch 1 (`--restarts 1`): notice -> the steps in flight
+     have finished and the chief has committed -> it has exited -> the
+     worker and ps tasks, serving until then, have exited and the new
+     chief starts (re-form) -> restored -> first step.
    - `tf_restart`: TF's own way, for comparison: the same loss under
      `tf.distribute.MultiWorkerMirroredStrategy` with Keras's
      `BackupAndRestore` (epoch commits) and `--restarts 1` on 3 workers
@@ -56,6 +62,9 @@ from absl import flags
 
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of each case.", lower_bound=1)
 _TF_KERAS = flags.DEFINE_bool("tf_keras", False, "Run under tf-keras, with TF's strategy's cases.")
+_RECOVERY_ONLY = flags.DEFINE_multi_enum(
+    "recovery_only", [], ["preempted", "preempted_ps", "lost", "tf_restart"],
+    "Measure only these recovery cases (no steady state).")
 _TASK = flags.DEFINE_string("task", None, "Run as a task of CASE in OUT_DIR (internal): CASE,OUT_DIR.")
 
 STEPS = 64
@@ -73,13 +82,20 @@ def _task(case: str, out_dir: str) -> None:
 
     keras = tf.keras
     tf_strategy = case.startswith("tf")
-    strategy = (
-        tf.distribute.MultiWorkerMirroredStrategy() if tf_strategy
-        else tfdist.MultiWorkerMirroredStrategy(timeout_s=60)
-    )
-    resolver = strategy.cluster_resolver
-    task = f"{resolver.task_type}:{resolver.task_id}"
-    num_workers = len(resolver.cluster_spec().as_dict().get("worker", []))
+    if case.endswith("_ps"):  # Serves on worker and ps tasks: only the chief goes on.
+        strategy = tfdist.ParameterServerStrategy(timeout_s=60)
+    elif tf_strategy:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60)
+    if tf_strategy:
+        resolver = strategy.cluster_resolver
+        task = f"{resolver.task_type}:{resolver.task_id}"
+        num_workers = len(resolver.cluster_spec().as_dict().get("worker", []))
+    else:
+        config = strategy.cluster_config
+        task = config.task.name
+        num_workers = len(config.cluster.addresses("worker"))
     marker = os.path.join(out_dir, "changed")
     first_attempt = not os.path.exists(marker)
     events = open(os.path.join(out_dir, f"events-{os.getpid()}.jsonl"), "a")
@@ -104,7 +120,7 @@ def _task(case: str, out_dir: str) -> None:
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     backup = os.path.join(out_dir, "backup")
     callbacks: list = []
-    if case in ("elastic", "preempted"):
+    if case in ("elastic", "preempted", "preempted_ps"):
         callbacks.append(tfdist.elastic.Elastic(backup, save_freq=None))
     elif case in ("elastic_commits", "lost"):
         callbacks.append(tfdist.elastic.Elastic(backup, save_freq=COMMIT_STEPS if case == "lost" else 16))
@@ -122,7 +138,7 @@ def _task(case: str, out_dir: str) -> None:
             log("step", epoch=self.epoch, batch=batch)
             if not first_attempt or (self.epoch, batch) != (CHANGE_EPOCH, CHANGE_STEP):
                 return
-            if case == "preempted" and task == "worker:1":
+            if (case, task) in (("preempted", "worker:1"), ("preempted_ps", "chief:0")):
                 open(marker, "w").close()
                 log("change")
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -177,7 +193,7 @@ def _phases(case: str, events: list[dict], lines: list[tuple[float, str]]) -> di
     first_step = min(e["t"] for e in events if e["event"] == "step" and e["t"] > restored)
     exited = max(e["t"] for e in events if e["event"] == "exit" and change <= e["t"] < first_start)
     phases = {}
-    if case == "preempted":
+    if case.startswith("preempted"):
         committed = max(e["t"] for e in events if e["event"] == "committed")
         phases["agree+commit"] = committed - change
         phases["exit"] = exited - committed
@@ -258,12 +274,16 @@ def main(argv: list[str]) -> None:
         _task(case, out_dir)
         return
     tf_cases = _TF_KERAS.value
-    recoveries: dict[str, list[dict[str, float]]] = {"preempted": [], "lost": []}
+    recoveries: dict[str, list[dict[str, float]]] = {"preempted": [], "preempted_ps": [], "lost": []}
     steady: dict[str, list[float]] = {c: [] for c in ("none", "elastic", "elastic_commits")}
     if tf_cases:
         recoveries["tf_restart"] = []
         steady.update(tf_none=[], tf_backup=[])
+    if _RECOVERY_ONLY.value:
+        recoveries = {case: [] for case in _RECOVERY_ONLY.value}
+        steady = {}
     jobs = {"preempted": ("2", "--restarts", "1"), "lost": ("2:3", "--restarts", "1"),
+            "preempted_ps": ("2", "--chief", "--ps", "1", "--restarts", "1"),
             "tf_restart": ("3", "--restarts", "1")}
     for _ in range(_REPEATS.value):
         for case in recoveries:
@@ -277,6 +297,8 @@ def main(argv: list[str]) -> None:
     for case, runs in recoveries.items():
         keys = list(runs[0])
         print(f"  {case:11s} " + "  ".join(f"{k} {np.median([r[k] for r in runs]):.2f}" for k in keys))
+    if not steady:
+        return
     print("steady state, median step ms (median of runs):")
     for case, values in steady.items():
         print(f"  {case:16s} {np.median(values):.2f}  runs {', '.join(f'{v:.2f}' for v in values)}")

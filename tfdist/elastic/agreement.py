@@ -21,14 +21,18 @@ process, the same on every task):
 2. At its first step end with a flag raised, a task publishes `at/<task>`:
    the training steps it has completed (`steps_done`), then trains on.
 3. Once every task has published, the stop step is S = max(at) + 1, and
-   each task stops at its first step end with `steps_done >= S`.
+   each task stops at its first step end with `steps_done >= S`. At the step
+   end where a task publishes, it reads the others' reports with a short
+   wait; later, with a wait that outlasts the service's round trip.
 
 Why every task stops at S exactly: a task cannot complete step t + 1 unless
 every other task has started it, that is, has finished its step end t
 (where it publishes if it saw the flag). The last task to publish, at step
 r <= max(at), did so before starting step r + 1, so every task sees all
 reports at the end of step r + 1 <= S at the latest; and no task passes S
-without having seen them. Steps are counted from the start of `fit`, the
+without having seen them. A task that published at step t has S >= t + 1,
+so a report its short read at t missed is read, with the long wait, at
+t + 1 <= S. Steps are counted from the start of `fit`, the
 same on every task.
 
 `LocalAgreement` is the one-process case: stop at the next step end.
@@ -58,6 +62,12 @@ _WATCH_S = 1.0
 #: as "not published yet": it must outlast the service's round trip, or a
 #: published report could be missed (and that task would stop a step late).
 _REPORT_S = 1.0
+#: How long the reads wait at the step end where a task publishes its own
+#: report: a peer that has not seen the notice publishes only after the next
+#: step, which waits for this task, so a long wait there stalls every task
+#: (it cost ~0.8 s per notice). A report missed there is read at the next
+#: step end, which is still at or before the stop step (see the module).
+_FIRST_REPORT_S = 0.05
 
 
 class LocalAgreement:
@@ -159,13 +169,16 @@ class ClusterAgreement:
                 pass  # Another task announced first.
         if not (requested_here or self._remote.is_set()):
             return False
+        wait_s = _REPORT_S
         if not self._published:
             self._published = True
             coordination.set_key(self._at_key(task=self._task), str(steps_done))
+            self._reports[self._task] = steps_done
+            wait_s = _FIRST_REPORT_S
         if self.stop_step is None:
             for task in self._tasks:
                 if task not in self._reports:
-                    value = coordination.get_key(self._at_key(task=task), timeout_s=_REPORT_S)
+                    value = coordination.get_key(self._at_key(task=task), timeout_s=wait_s)
                     if value is None:
                         return False
                     self._reports[task] = int(value)

@@ -19,33 +19,46 @@ from tfdist.elastic import agreement as agreement_lib
 
 
 class _Store:
-    """The coordination service's key-value calls, on a dict."""
+    """The coordination service's key-value calls, on a dict.
+
+    A read that waits less than the service's round trip (`_REPORT_S`)
+    misses every key set in the current step (`step`): the worst case of a
+    short wait on a loaded machine.
+    """
 
     def __init__(self):
         self.values = {}
+        self.set_at = {}
+        self.step = 0
+        self.short_reads = 0
 
     def set_key(self, key, value):
         if key in self.values:
             raise tf.errors.AlreadyExistsError(None, None, f"{key} exists")
         self.values[key] = value
+        self.set_at[key] = self.step
 
     def get_key(self, key, *, timeout_s):
-        del timeout_s
+        if timeout_s < agreement_lib._REPORT_S:
+            self.short_reads += 1
+            if self.set_at.get(key) == self.step:
+                return None
         return self.values.get(key)
 
 
-def _run(tasks, notices, *, watch_delays, steps=40):
+def _run(tasks, notices, *, watch_delays, steps=40, store=None):
     """Steps every task in lockstep; returns the step each stopped after.
 
     notices: task -> the step after which it receives SIGTERM.
     watch_delays: task -> how many steps its watcher lags behind the key.
     """
-    store = _Store()
+    store = _Store() if store is None else store
     with mock.patch.object(agreement_lib, "coordination", store):
         agreements = {t: agreement_lib.ClusterAgreement(t, tasks) for t in tasks}
         announced_at = None
         stopped = {}
         for step in range(1, steps + 1):
+            store.step = step
             for task in tasks:  # Each finishes its step `step`, in turn.
                 if task in stopped:
                     continue
@@ -77,6 +90,31 @@ class ClusterAgreementTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(stopped, len(self.TASKS))
         self.assertLen(set(stopped.values()), 1, stopped)
         self.assertGreaterEqual(min(stopped.values()), min(notices.values()))
+
+    def test_reads_at_the_step_end_of_a_tasks_own_report_wait_briefly(self):
+        # There a long wait would stall every task: a peer that has not seen
+        # the notice publishes only after the next step, which waits for
+        # this task. The store's short reads miss every report of their own
+        # step, and the tasks still stop together (the test above).
+        store = _Store()
+        waits = []
+
+        def get_key(key, *, timeout_s):
+            waits.append(timeout_s)
+            return _Store.get_key(store, key, timeout_s=timeout_s)
+
+        store.get_key = get_key
+        with mock.patch.object(agreement_lib, "coordination", store):
+            agreement = agreement_lib.ClusterAgreement("worker:0", self.TASKS)
+            store.step = 5
+            self.assertFalse(agreement.should_stop(5, True))  # Publishes 5.
+            self.assertEqual(waits, [agreement_lib._FIRST_REPORT_S])  # worker:1's, missing.
+            store.set_key(agreement_lib._AT_KEY.format(fit=0, task="worker:1"), "6")
+            store.set_key(agreement_lib._AT_KEY.format(fit=0, task="worker:2"), "6")
+            store.step = 6
+            self.assertFalse(agreement.should_stop(6, True))  # S = 7.
+            self.assertEqual(waits[1:], [agreement_lib._REPORT_S] * 2)
+            self.assertTrue(agreement.should_stop(7, True))
 
     def test_a_later_fit_does_not_see_an_earlier_fits_notice(self):
         store = _Store()
