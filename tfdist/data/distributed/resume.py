@@ -28,6 +28,9 @@ from collections.abc import Callable
 
 __all__ = ["ResumePoint", "arm", "disarm", "last_epoch", "started", "take"]
 
+#: `tf.data.INFINITE_CARDINALITY` (this module imports nothing from TensorFlow).
+_INFINITE = -1
+
 
 @dataclasses.dataclass(frozen=True)
 class ResumePoint:
@@ -57,9 +60,6 @@ class ResumePoint:
             return self.stream_step
         return self.step
 
-
-#: `tf.data.INFINITE_CARDINALITY` (this module imports nothing from TensorFlow).
-_INFINITE = -1
 
 _lock = threading.Lock()
 _armed: ResumePoint | None = None
