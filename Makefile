@@ -28,9 +28,7 @@ PYTEST_JOBS ?= 2
 # clusters), so a third process there only contends: 248 s with two
 # against 269 s with three (2026-11-27).
 PYTEST_JOBS_TFKERAS ?= 2
-# Files go out in the order tests/conftest.py gives them (not the files
-# with the most tests first, xdist's default).
-xdist = $(if $(filter 0,$(1)),,-n $(1) --dist loadfile --no-loadscope-reorder --max-worker-restart=0)
+xdist = $(if $(filter 0,$(1)),,-n $(1) --dist loadfile --max-worker-restart=0)
 PYTEST_PARALLEL := $(call xdist,$(PYTEST_JOBS))
 # Extra arguments for `bazel test`, e.g. --test_tag_filters=-slow (.ci/run).
 BAZEL_TEST_ARGS ?=

@@ -14,8 +14,6 @@
   opened the same `model.weights.h5` ("unable to lock file", 2026-11-27).
 - Every test under tests/conformance/ marked `conformance`, so one pytest
   run can select the tier by marker (`make test-tfkeras`).
-- Files ordered for xdist (`_ordered_for_workers`): those that start
-  processes first, then the model tiers, then the rest.
 - TF's `MultiDeviceIterator` without its per-device prefetch
   (`_without_device_prefetch`), and the iterators Keras 3 drops kept a few
   seconds and destroyed off the test's thread (`_dropped_iterators_kept`):
@@ -175,30 +173,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.parent.name == "conformance":
             item.add_marker(pytest.mark.conformance)
-    items[:] = _ordered_for_workers(items)
-
-
-def _ordered_for_workers(items):
-    """`items` with whole files in the order xdist should hand them out (stable otherwise).
-
-    `make test` runs its two stages side by side on two cores; the Keras 3
-    stage runs on alone for its last ~6 minutes. There, a file that waits
-    (a cluster's start, a fault test's timeout, a sleeping task) leaves a
-    core idle: a fresh clone's run showed ~64 idle core-seconds in that
-    phase (`vmstat`, 2026-11-28) against none while both stages ran. So
-    the files that start processes go first, while the other stage fills
-    their waits; then the model tiers (the longest files), then the rest,
-    mostly short unit tests that even out the workers' ends. The Makefile
-    passes `--no-loadscope-reorder`: xdist would otherwise hand out the
-    files with the most tests first.
-    """
-    rank = {}
-    for item in items:
-        if item.get_closest_marker("multiprocess"):
-            group = 0
-        elif item.get_closest_marker("model") or item.get_closest_marker("conformance"):
-            group = 1
-        else:
-            group = 2
-        rank[item.path] = min(group, rank.get(item.path, group))
-    return sorted(items, key=lambda item: rank[item.path])  # Stable: files stay whole.
