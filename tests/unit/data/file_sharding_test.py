@@ -209,7 +209,7 @@ class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_drop_runs_smallest_shard_steps_without_weights(self):
         files = _write_files(self.create_tempdir().full_path, [4, 6, 5, 7])
-        with self.assertLogs(level="INFO") as logs:
+        with self.assertLogs("absl", level="INFO") as logs:
             outputs = _pipeline_outputs(
                 files, 2, 1, 2, remainder="drop", policy="file"
             )
@@ -243,13 +243,13 @@ class FilePolicyTest(tf.test.TestCase, parameterized.TestCase):
 class AutoPolicyTest(tf.test.TestCase, parameterized.TestCase):
     def test_auto_chooses_file_policy_with_enough_files(self):
         files = _write_files(self.create_tempdir().full_path, [3, 3])
-        with self.assertLogs(level="INFO") as logs:
+        with self.assertLogs("absl", level="INFO") as logs:
             _pipeline_outputs(files, 2, 1, 2)
         self.assertIn("chose 'file'", "\n".join(logs.output))
 
     def test_auto_chooses_element_policy_with_too_few_files(self):
         files = _write_files(self.create_tempdir().full_path, [3, 4])
-        with self.assertLogs(level="INFO") as logs:
+        with self.assertLogs("absl", level="INFO") as logs:
             outputs = _pipeline_outputs(files, 3, 1, 1)
         self.assertIn("2 files are fewer than", "\n".join(logs.output))
         all_ids = np.concatenate([_real_ids(b) for b in outputs])
@@ -257,7 +257,7 @@ class AutoPolicyTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_auto_with_error_remainder_falls_back_to_element_policy(self):
         files = _write_files(self.create_tempdir().full_path, [5, 3])
-        with self.assertLogs(level="INFO") as logs:
+        with self.assertLogs("absl", level="INFO") as logs:
             outputs = _pipeline_outputs(files, 2, 1, 2, remainder="error")
         self.assertIn("chose 'element'", "\n".join(logs.output))
         ids = np.concatenate([b[0] for batches in outputs for b in batches])

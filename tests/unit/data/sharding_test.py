@@ -341,7 +341,7 @@ class RemainderTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLen(steps[0][0], 2)  # (x, y): no weight added.
 
     def test_drop_logs_dropped_count(self):
-        with self.assertLogs(level="INFO") as logs:
+        with self.assertLogs("absl", level="INFO") as logs:
             sharding.shard(
                 _dataset(11), None, global_batch_size=4, remainder="drop"
             )
@@ -497,7 +497,7 @@ class InputKindsTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_unknown_cardinality_is_counted_and_logged(self):
         dataset = _dataset(20).filter(lambda x, y: x % 2 == 0)
-        with self.assertLogs(level="INFO") as logs:
+        with self.assertLogs("absl", level="INFO") as logs:
             sharded = sharding.shard(dataset, None, global_batch_size=4)
         self.assertIn("counted 10 elements", "\n".join(logs.output))
         steps = _one_iteration(sharded)
