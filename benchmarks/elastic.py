@@ -17,8 +17,11 @@ that the driver reads after the job.
      committed one (0 by design).
    - `lost`: worker:2 of `--workers 2:3` SIGKILLs itself at step 20 of
      epoch 1, `Elastic(save_freq=8)`: death -> the survivors' fit raises
-     (detect) -> they have exited (stop) -> the new tasks start (re-form)
-     -> restored -> first step. Steps lost: steps after the last commit.
+     (detect; it includes their saving the last step they kept) -> they
+     have exited (stop) -> the new tasks start (re-form) -> restored ->
+     first step. Steps lost: steps trained and not resumed from.
+   - `lost_from_commit`: the same with `save_on_loss=False`: the job
+     resumes from the last commit.
    - `preempted_ps`: the parameter-server job (`--chief --workers 2 --ps 1`,
      `tfdist.ParameterServerStrategy` in async mode): SIGTERM to the chief
      at step 20 of epoch 1 (`--restarts 1`): notice -> the steps in flight
@@ -33,15 +36,18 @@ that the driver reads after the job.
      workers (its `reduce` of Keras 3's logs fails with "Attempt to
      convert a value (PerReplica...)").
 2. Steady state: median step time of a 2-worker job over epochs 1-2 with no
-   callback, `Elastic(save_freq=None)` (commits only on a notice), and
+   callback, `Elastic(save_freq=None)` (commits only on a notice; keeps
+   each step's state in memory), the same with `save_on_loss=False`, and
    `Elastic(save_freq=16)`; and (`--tf_keras`) Keras's
    `BackupAndRestore(save_freq=16)` under TF's strategy against TF's
    strategy alone. Runs interleaved.
 3. Per-step cost, resolved finer than 2 can: in this process, one device
    (`tfdist.MirroredStrategy`), the same MLP, 2 epochs of 400 steps each
    without a callback, with a callback whose `on_train_batch_end` does
-   nothing, and with `Elastic(save_freq=None)`; interleaved, median of
-   `--repeats`.
+   nothing, with `Elastic(save_freq=None)`, and with that and what
+   `save_on_loss` adds on several tasks (`LastStep.keep` at each step end,
+   at its default `COST_SHARE` and keeping every step; one process keeps
+   nothing by itself); interleaved, median of `--repeats`.
 """
 
 from __future__ import annotations
@@ -63,8 +69,9 @@ from absl import flags
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of each case.", lower_bound=1)
 _TF_KERAS = flags.DEFINE_bool("tf_keras", False, "Run under tf-keras, with TF's strategy's cases.")
 _RECOVERY_ONLY = flags.DEFINE_multi_enum(
-    "recovery_only", [], ["preempted", "preempted_ps", "lost", "tf_restart"],
+    "recovery_only", [], ["preempted", "preempted_ps", "lost", "lost_from_commit", "tf_restart"],
     "Measure only these recovery cases (no steady state).")
+_IN_PROCESS_ONLY = flags.DEFINE_bool("in_process_only", False, "Run part 3 only.")
 _TASK = flags.DEFINE_string("task", None, "Run as a task of CASE in OUT_DIR (internal): CASE,OUT_DIR.")
 
 STEPS = 64
@@ -122,8 +129,12 @@ def _task(case: str, out_dir: str) -> None:
     callbacks: list = []
     if case in ("elastic", "preempted", "preempted_ps"):
         callbacks.append(tfdist.elastic.Elastic(backup, save_freq=None))
-    elif case in ("elastic_commits", "lost"):
-        callbacks.append(tfdist.elastic.Elastic(backup, save_freq=COMMIT_STEPS if case == "lost" else 16))
+    elif case == "elastic_keep_nothing":
+        callbacks.append(tfdist.elastic.Elastic(backup, save_freq=None, save_on_loss=False))
+    elif case in ("elastic_commits", "lost", "lost_from_commit"):
+        callbacks.append(tfdist.elastic.Elastic(
+            backup, save_freq=16 if case == "elastic_commits" else COMMIT_STEPS,
+            save_on_loss=case != "lost_from_commit"))
     elif case in ("tf_backup", "tf_restart"):
         callbacks.append(keras.callbacks.BackupAndRestore(backup, save_freq="epoch" if case == "tf_restart" else 16))
 
@@ -142,7 +153,7 @@ def _task(case: str, out_dir: str) -> None:
                 open(marker, "w").close()
                 log("change")
                 os.kill(os.getpid(), signal.SIGTERM)
-            elif case in ("lost", "tf_restart") and task == f"worker:{num_workers - 1}":
+            elif case in ("lost", "lost_from_commit", "tf_restart") and task == f"worker:{num_workers - 1}":
                 open(marker, "w").close()
                 log("change")
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -232,6 +243,8 @@ def _in_process_step_ms(repeats: int) -> dict[str, list[float]]:
     import tensorflow as tf
 
     import tfdist
+    from tfdist.elastic import last_step
+    from tfdist.elastic import training_state
 
     keras = tf.keras
     rng = np.random.default_rng(0)
@@ -244,10 +257,34 @@ def _in_process_step_ms(repeats: int) -> dict[str, list[float]]:
         def on_train_batch_end(self, batch, logs=None):
             del batch, logs
 
+    class KeepLastStep(keras.callbacks.Callback):
+        """What `save_on_loss` adds at each step end on several tasks, with a `COST_SHARE`."""
+
+        def __init__(self, share):
+            super().__init__()
+            self.share = share
+
+        def on_train_batch_end(self, batch, logs=None):
+            default, last_step.COST_SHARE = last_step.COST_SHARE, self.share
+            try:
+                # Made once per model, in the untimed fit that traces (Elastic makes
+                # one per fit: its tracing, ~50 ms, is a fit's cost, not a step's).
+                if self.model not in keepers:
+                    keepers[self.model] = last_step.LastStep(training_state.variables(self.model), strategy)
+                keepers[self.model].keep(training_state.Position(epoch=0, step=batch + 1))
+            finally:
+                last_step.COST_SHARE = default
+
+    keepers: dict = {}
+
     cases = {
         "none": lambda: [],
         "no-op batch-end callback": lambda: [NoOp()],
         "Elastic(save_freq=None)": lambda: [tfdist.elastic.Elastic(tempfile.mkdtemp(), save_freq=None)],
+        "Elastic + keeping (1% share)": lambda: [
+            tfdist.elastic.Elastic(tempfile.mkdtemp(), save_freq=None), KeepLastStep(last_step.COST_SHARE)],
+        "Elastic + keeping every step": lambda: [
+            tfdist.elastic.Elastic(tempfile.mkdtemp(), save_freq=None), KeepLastStep(1.0)],
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
@@ -267,6 +304,16 @@ def _in_process_step_ms(repeats: int) -> dict[str, list[float]]:
     return times
 
 
+def _print_in_process(in_process: dict[str, list[float]]) -> None:
+    print("in this process, one device, ms per step (median of runs):")
+    for name, values in in_process.items():
+        print(f"  {name:30s} {np.median(values):.3f}  runs {', '.join(f'{v:.3f}' for v in values)}")
+    none = np.median(in_process["none"])
+    print(f"  Elastic / none: {np.median(in_process['Elastic(save_freq=None)']) / none:.3f}")
+    for name in ("Elastic + keeping (1% share)", "Elastic + keeping every step"):
+        print(f"  {name} / none: {np.median(in_process[name]) / none:.3f}")
+
+
 def main(argv: list[str]) -> None:
     del argv
     if _TASK.value:
@@ -274,8 +321,13 @@ def main(argv: list[str]) -> None:
         _task(case, out_dir)
         return
     tf_cases = _TF_KERAS.value
-    recoveries: dict[str, list[dict[str, float]]] = {"preempted": [], "preempted_ps": [], "lost": []}
-    steady: dict[str, list[float]] = {c: [] for c in ("none", "elastic", "elastic_commits")}
+    if _IN_PROCESS_ONLY.value:
+        in_process = _in_process_step_ms(_REPEATS.value)
+        _print_in_process(in_process)
+        return
+    recoveries: dict[str, list[dict[str, float]]] = {"preempted": [], "preempted_ps": [], "lost": [], "lost_from_commit": []}
+    steady: dict[str, list[float]] = {
+        c: [] for c in ("none", "elastic", "elastic_keep_nothing", "elastic_commits")}
     if tf_cases:
         recoveries["tf_restart"] = []
         steady.update(tf_none=[], tf_backup=[])
@@ -283,6 +335,7 @@ def main(argv: list[str]) -> None:
         recoveries = {case: [] for case in _RECOVERY_ONLY.value}
         steady = {}
     jobs = {"preempted": ("2", "--restarts", "1"), "lost": ("2:3", "--restarts", "1"),
+            "lost_from_commit": ("2:3", "--restarts", "1"),
             "preempted_ps": ("2", "--chief", "--ps", "1", "--restarts", "1"),
             "tf_restart": ("3", "--restarts", "1")}
     for _ in range(_REPEATS.value):
@@ -304,11 +357,9 @@ def main(argv: list[str]) -> None:
         print(f"  {case:16s} {np.median(values):.2f}  runs {', '.join(f'{v:.2f}' for v in values)}")
     base = np.median(steady["none"])
     print(f"  Elastic(save_freq=None) / none: {np.median(steady['elastic']) / base:.3f}")
-    in_process = _in_process_step_ms(_REPEATS.value)
-    print("in this process, one device, ms per step (median of runs):")
-    for name, values in in_process.items():
-        print(f"  {name:26s} {np.median(values):.3f}  runs {', '.join(f'{v:.3f}' for v in values)}")
-    print(f"  Elastic / none: {np.median(in_process['Elastic(save_freq=None)']) / np.median(in_process['none']):.3f}")
+    print(f"  Elastic(save_freq=None, save_on_loss=False) / none: "
+          f"{np.median(steady['elastic_keep_nothing']) / base:.3f}")
+    _print_in_process(_in_process_step_ms(_REPEATS.value))
     print(f"  Elastic(save_freq=16) / none: {np.median(steady['elastic_commits']) / base:.3f}")
     if tf_cases:
         tf_base = np.median(steady["tf_none"])

@@ -22,7 +22,9 @@ MODE:
   then trains slowly (0.2 s a step) until it is stopped from outside.
 - `kill`: `Elastic(OUT_DIR/backup, save_freq=COMMIT_STEPS)`; on its first
   attempt the last task kills itself (SIGKILL) after step SIGNAL_STEP of
-  epoch SIGNAL_EPOCH, past its last commit.
+  epoch SIGNAL_EPOCH, past its last commit, KILL_DELAY_S after that step
+  ended (its peers have ended it too by then: they wait for it in the
+  next step). `kill_keep_nothing`: the same with `save_on_loss=False`.
 - a `_shard` suffix: tfdist shuffles per epoch (`ShardOptions`).
 - a `_mesh` suffix (TF_CONFIG with 2 workers): `tfdist.MeshStrategy({"batch": 2,
   "model": 2})` on 2 logical CPUs per worker (automatic layouts: the hidden
@@ -49,6 +51,10 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist
+from tfdist.elastic import last_step
+
+# Every step end is kept (not 1% of the time): the kill test checks the step its survivor saved.
+last_step.COST_SHARE = 1.0
 
 keras = tf.keras
 TF_KERAS = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true")  # TF's rule.
@@ -59,6 +65,7 @@ EPOCHS = 3
 SIGNAL_EPOCH = 1
 SIGNAL_STEP = 2  # 0-based batch index.
 COMMIT_STEPS = 2
+KILL_DELAY_S = 1.0
 NUM_FEATURES = 5
 
 
@@ -137,8 +144,11 @@ class _Signal(keras.callbacks.Callback):
             self._reached = True
             if self._mode == "wait_for_sigterm":
                 open(os.path.join(self._out_dir, f"reached-{self._task}"), "w").close()
+            elif self._mode == "kill":
+                time.sleep(KILL_DELAY_S)
+                os.kill(os.getpid(), signal.SIGKILL)
             else:
-                os.kill(os.getpid(), signal.SIGKILL if self._mode == "kill" else signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(mode: str, out_dir: str) -> None:
@@ -148,6 +158,8 @@ def main(mode: str, out_dir: str) -> None:
     mode = mode.removesuffix("_mesh")
     on_ps = mode.endswith("_ps")
     mode = mode.removesuffix("_ps")
+    save_on_loss = not mode.endswith("_keep_nothing")
+    mode = mode.removesuffix("_keep_nothing")
     options = tfdist.data.ShardOptions(seed=7, shuffle=True) if shard else None
     if on_ps:
         strategy = tfdist.ParameterServerStrategy(timeout_s=30)  # Serves on worker and ps tasks.
@@ -170,7 +182,8 @@ def main(mode: str, out_dir: str) -> None:
     callbacks = []
     if mode != "reference":
         save_freq = COMMIT_STEPS if mode == "kill" else None
-        callbacks.append(tfdist.elastic.Elastic(os.path.join(out_dir, "backup"), save_freq=save_freq))
+        callbacks.append(tfdist.elastic.Elastic(
+            os.path.join(out_dir, "backup"), save_freq=save_freq, save_on_loss=save_on_loss))
         if first_attempt and (mode == "wait_for_sigterm" or task == tasks[-1]):
             callbacks.append(_Signal(out_dir, task, mode))
     with strategy.scope():

@@ -156,13 +156,23 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
         self.assert_each_example_once_per_epoch(out_dir)
         self.assert_equals_uninterrupted(out_dir)
 
-    def test_a_killed_worker_shrinks_the_job_which_resumes_from_its_last_commit(self):
+    # The survivor saves the state of the step it ended last (the killed
+    # worker's last), one step past the last commit (`save_freq`), and the
+    # job resumes there; without it (`save_on_loss=False`), at the commit,
+    # training the steps since again.
+    @parameterized.named_parameters(
+        ("at_the_step_of_the_loss", "kill", "survivor-worker-0", job.SIGNAL_STEP + 1),
+        ("at_the_last_commit_without_save_on_loss", "kill_keep_nothing", "state-", job.SIGNAL_STEP),
+    )
+    def test_a_killed_worker_shrinks_the_job_which_resumes(self, mode, state, step):
         out_dir = self.create_tempdir().full_path
-        result = _launch(out_dir, "kill", "--workers", "1:2", "--restarts", "1")
+        result = _launch(out_dir, mode, "--workers", "1:2", "--restarts", "1")
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])
         self.assertIn("membership: 2 -> 1 worker(s): task worker:1 was killed by SIGKILL", result.stderr)
         self.assertIn("tfdist-launch: all 1 chief/worker task(s) exited 0", result.stderr)
-        # Steps after the last commit were trained again from its state.
+        self.assertRegex(
+            result.stderr, rf"resumed from \S*/{state}\S* in [\d.]+ s: epoch {job.SIGNAL_EPOCH}, step {step}\."
+        )
         self.assert_each_example_once_per_epoch(out_dir)
         self.assert_equals_uninterrupted(out_dir)
 

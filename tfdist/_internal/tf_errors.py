@@ -171,18 +171,18 @@ def as_tfdist_error(
 
 
 #: Called after any `tf.function` call raises (see the module docstring).
-_function_error_callbacks: list[Callable[[], None]] = []
+_function_error_callbacks: list[Callable[[BaseException], None]] = []
 _classifiers: list[Classifier] = []
 
 
 def install_function_error_hook(
-    on_error: Callable[[], None], classify: Classifier | None = None
+    on_error: Callable[[BaseException], None], classify: Classifier | None = None
 ) -> Callable[[], None]:
-    """Re-classes tfdist's errors of `tf.function` calls; calls `on_error` on any.
+    """Re-classes tfdist's errors of `tf.function` calls; calls `on_error(error)` on any.
 
     An error of a `tf.function` call becomes tfdist's class if its message
     carries the marker or `classify` returns a marked message for it (then
-    put in front of TF's). `on_error()` runs in the thread that made the
+    put in front of TF's). `on_error(error)` (the error re-classed) runs in the thread that made the
     failed call, before the error reaches its caller. Must be installed
     before the calls it should affect start (Python binds a `with` block's
     `__exit__` on entry).
@@ -208,7 +208,7 @@ def install_function_error_hook(
                     exc.task = _task_in(str(exc.message))
             if exc is not None:
                 for callback in list(_function_error_callbacks):
-                    callback()
+                    callback(exc)
             return original_exit(self, typ, exc, tb)
 
         exit_with_tfdist_errors.__wrapped__ = original_exit  # type: ignore[attr-defined]

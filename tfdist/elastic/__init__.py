@@ -13,7 +13,11 @@ Modules, one job each:
 - `notice`: SIGTERM turned into a flag read at step boundaries.
 - `agreement`: the step at which every task stops (TF's coordination
   service; no collective per step).
-- `training_state`: the committed state (atomic commits, chief-written).
+- `training_state`: the committed state (atomic commits, chief-written),
+  and the states a lost peer's survivors write.
+- `last_step`: each step's state kept in memory under tfdist's
+  `MultiWorkerMirroredStrategy` (at most `last_step.COST_SHARE` of the
+  time), for the survivors of a lost peer to save.
 - `callback`: `Elastic`, the Keras callback that ties them to `fit`.
 
 Where the input resumes is `tfdist.data.distributed.resume`.

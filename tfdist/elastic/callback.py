@@ -22,6 +22,13 @@ What one `fit` does with it (every task of the job alike):
 4. `on_train_end`: remove the SIGTERM handler; delete the backup (unless
    `delete_on_completion=False`), as Keras's `BackupAndRestore` does.
 
+A lost peer (tfdist's `MultiWorkerMirroredStrategy`, `save_on_loss`): each
+task keeps the state of its last step in memory (`last_step`; every step
+when steps are not too short for it); when a step fails for a lost peer,
+each surviving task writes that state before the error leaves `fit`, and
+the restart resumes from the newest state saved, losing only the step in
+flight. Elsewhere a loss resumes from the last commit (`save_freq`).
+
 Exactly once. Each global batch of a tfdist distributed dataset is cut over
 all replicas of all workers, so a step's examples are the same whatever
 the number of workers: skipping the k steps already trained leaves the rest
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from typing import Any
 
@@ -45,8 +53,10 @@ from absl import logging
 
 from tfdist import errors
 from tfdist._internal import keras_compat
+from tfdist._internal import tf_errors
 from tfdist.data.distributed import resume
 from tfdist.elastic import agreement as agreement_lib
+from tfdist.elastic import last_step as last_step_lib
 from tfdist.elastic import notice as notice_lib
 from tfdist.elastic import training_state
 from tfdist.parameter_server import keras_loop
@@ -77,6 +87,10 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
       - The model must be built again the same way (same layers, same
         optimizer) before `fit` resumes it. The number of workers may
         differ: the global batch is the dataset's, whatever the workers.
+      - Under tfdist's `MultiWorkerMirroredStrategy` (`save_on_loss`),
+        every task may write `backup_dir/survivor-<task>` after a step
+        failed for a lost peer; the next `fit` resumes from the newest of
+        those and the committed state.
       - Keras numbers the resumed epoch's batches from 0 and ends it after
         the steps left (Keras 3: `model.stop_training` is set after its last
         step and cleared in this callback's `on_epoch_end`; tf-keras numbers
@@ -89,6 +103,13 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         no notice, loses at most), or None (commit only on a notice).
       delete_on_completion: Whether a `fit` that runs to its end deletes
         `backup_dir`, so that running the script again trains anew.
+      save_on_loss: Under tfdist's `MultiWorkerMirroredStrategy` on several
+        tasks, whether each task keeps its state at step ends (a copy of
+        the weights and optimizer in memory; at most 1% of the time, so
+        every step once steps take ~25 ms or more: `last_step.COST_SHARE`)
+        so that the survivors of a lost peer save it and the job resumes
+        at the last step kept, not at the last commit. Has no effect
+        under other strategies (`last_step` says why).
 
     Raises:
       ConfigError: If `save_freq` is invalid (at construction); at `fit`'s
@@ -105,6 +126,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         *,
         save_freq: str | int | None = "epoch",
         delete_on_completion: bool = True,
+        save_on_loss: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
@@ -125,6 +147,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.delete_on_completion = bool(delete_on_completion)
+        self.save_on_loss = bool(save_on_loss)
         self._notice = notice_lib.PreemptionNotice(is_active=self._inside_fit)
         self._state: training_state.TrainingState | None = None
         self._agreement: agreement_lib.LocalAgreement | agreement_lib.ClusterAgreement = (
@@ -143,6 +166,12 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._preempt_at_epoch_begin = False
         self._ends_resumed_epoch = False
         self._keras3 = True  # Set for the model at each fit's start.
+        # The last step's state in memory (save_on_loss): whether this fit
+        # keeps it, the keeper once the variables exist, the thread of fit.
+        self._keeps_last_step = False
+        self._last_step: last_step_lib.LastStep | None = None
+        self._fit_thread: int | None = None
+        self._remove_error_hook: Any = None
 
     @property
     def preemption_requested(self) -> bool:
@@ -180,6 +209,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         )
         if position is not None:
             self._resume(position, time.monotonic() - started)
+        self._keep_last_step(strategy)
         self._notice.install()
         self._agreement.start()
 
@@ -214,6 +244,8 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._steps_done += 1
         if isinstance(self.save_freq, int) and self._since_commit >= self.save_freq:
             self._commit(self._epoch, done)
+        if self._keeps_last_step:
+            self._keep(done)
         self._end_resumed_epoch(done)
         if self._stop_at_epoch_end or not self._agreement.should_stop(
             self._steps_done, self._notice.requested
@@ -312,6 +344,55 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             position.step,
         )
 
+    def _keep_last_step(self, strategy: Any) -> None:
+        """Starts keeping each step's state if this fit can save it after a loss (`save_on_loss`)."""
+        if self._remove_error_hook is not None:  # From a fit that raised.
+            self._remove_error_hook()
+            self._remove_error_hook = None
+        self._last_step = None
+        self._keeps_last_step = self.save_on_loss and last_step_lib.replicates_state_over_tasks(strategy)
+        if self._keeps_last_step:
+            self._fit_thread = threading.get_ident()
+            self._remove_error_hook = tf_errors.install_function_error_hook(self._on_function_error)
+
+    def _keep(self, done: int) -> None:
+        """Keeps the state after `done` steps of this epoch (the next epoch's start after its last)."""
+        if self._last_step is None:
+            # Made here: tf-keras makes some variables in its first step.
+            self._last_step = last_step_lib.LastStep.for_state(
+                training_state.variables(self.model), self.model.distribute_strategy
+            )
+            if self._last_step is None:
+                self._keeps_last_step = False
+                return
+        data_epoch = self._data_epoch
+        if done == self.params.get("steps"):
+            position = training_state.Position(
+                epoch=self._epoch + 1, step=0, steps_done=self._steps_done,
+                data_epoch=None if data_epoch is None else data_epoch + 1,
+            )
+        else:
+            position = training_state.Position(
+                epoch=self._epoch, step=done, data_epoch=data_epoch, steps_done=self._steps_done
+            )
+        self._last_step.keep(position)
+
+    def _on_function_error(self, error: BaseException) -> None:
+        """After a `tf.function` call failed: a lost or stuck peer in fit's thread saves the last step."""
+        if (
+            self._last_step is None
+            or self._state is None
+            or not isinstance(error, errors.CollectiveError)
+            or threading.get_ident() != self._fit_thread
+        ):
+            return
+        last_step, self._last_step = self._last_step, None  # Once.
+        task = self.model.distribute_strategy.cluster_config.task.name
+        try:
+            last_step.save(self._state, task)
+        except Exception as e:  # noqa: BLE001 - the loss is the error to raise.
+            logging.error("tfdist.elastic: could not save the last step's state: %s", e)
+
     def _commit(self, epoch: int, step: int) -> None:
         assert self._state is not None
         # A parameter-server chief's loop runs ahead of its steps: the state
@@ -341,6 +422,10 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         keras_compat.clear_fit_start(self.model)  # `_resume`'s, for this fit only.
         self._notice.uninstall()
         self._agreement.stop()
+        if self._remove_error_hook is not None:
+            self._remove_error_hook()
+            self._remove_error_hook = None
+        self._last_step = None
         if self._resume_armed:
             self._resume_armed = False
             resume.disarm()

@@ -11,9 +11,16 @@ Layout of `backup_dir` (the writer's; every task reads it)::
     backup_dir/state-7/checkpoint.*    tf.train.Checkpoint of the weights
                                        and the optimizer
 
+    backup_dir/survivor-worker-1/      the state a task that survived a
+                                       lost peer held (`write_survivor`)
+
 A commit writes a new `state-<n>` directory, then replaces `latest` in one
-rename, then deletes older states: a task killed in the middle of a commit
-leaves the previous state committed. Only the writer (the chief) keeps
+rename, then deletes older states and every survivor's: a task killed in
+the middle of a commit leaves the previous state committed. A survivor
+writes its directory under a temporary name and renames it. The state
+restored is the newest (most steps done) of the committed one and the
+survivors', the committed one on a tie; every task reads the same files,
+so every task picks the same. Only the writer (the chief) keeps
 files; every other task writes the same checkpoint into a temporary
 directory that is deleted at once, so that any collective a save runs
 (reading a variable synchronized on read) is run by every task alike.
@@ -38,12 +45,13 @@ import tensorflow as tf
 
 from tfdist import errors
 
-__all__ = ["Position", "TrainingState"]
+__all__ = ["Position", "TrainingState", "variables"]
 
 _LATEST = "latest"
 _POSITION = "position.json"
 _CHECKPOINT = "checkpoint"
 _STATE_DIR = re.compile(r"state-(\d+)")
+_SURVIVOR_PREFIX = "survivor-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +129,28 @@ class TrainingState:
             shutil.rmtree(
                 os.path.join(self._backup_dir, f"state-{number}"), ignore_errors=True
             )
+        for name in self._survivors():
+            shutil.rmtree(os.path.join(self._backup_dir, name), ignore_errors=True)
+
+    def write_survivor(self, task: str, position: Position) -> None:
+        """Saves the model's current state as the one `task` held when a peer was lost.
+
+        Any task may call it (not only the writer), each with its own
+        `task`; it runs no collective. Replaces that task's earlier
+        survivor state in one rename. Blocks until written.
+        """
+        os.makedirs(self._backup_dir, exist_ok=True)
+        final = os.path.join(self._backup_dir, _SURVIVOR_PREFIX + task.replace(":", "-"))
+        scratch = tempfile.mkdtemp(prefix=".survivor-", dir=self._backup_dir)
+        try:
+            self._checkpoint().write(os.path.join(scratch, _CHECKPOINT))
+            with open(os.path.join(scratch, _POSITION), "w") as f:
+                json.dump(dataclasses.asdict(position), f)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(scratch, final)
 
     def restore(self) -> Position | None:
         """Loads the latest committed state into the model; its position, or None if none.
@@ -144,17 +174,26 @@ class TrainingState:
             )
         _build_optimizer(self._model)
         self._checkpoint().read(os.path.join(directory, _CHECKPOINT)).assert_existing_objects_matched()
-        with open(os.path.join(directory, _POSITION)) as f:
-            return Position(**json.load(f))
+        return _read_position(directory)
 
     def latest_directory(self) -> str | None:
-        """The committed state's directory, or None if nothing is committed."""
+        """The directory of the state to restore, or None if there is none.
+
+        The newest of the committed state and the survivors' (the most
+        steps done; the committed one on a tie, then the first survivor by
+        name).
+        """
+        candidates = []
         try:
             with open(os.path.join(self._backup_dir, _LATEST)) as f:
-                name = f.read().strip()
+                candidates.append(f.read().strip())
         except FileNotFoundError:
+            pass
+        candidates.extend(sorted(self._survivors()))
+        if not candidates:
             return None
-        return os.path.join(self._backup_dir, name)
+        directories = [os.path.join(self._backup_dir, name) for name in candidates]
+        return max(directories, key=lambda d: (_read_position(d).steps_done, -directories.index(d)))
 
     def delete(self) -> None:
         """Removes every committed state (the writer only; others do nothing)."""
@@ -167,6 +206,27 @@ class TrainingState:
         except FileNotFoundError:
             return []
         return [int(m.group(1)) for n in names if (m := _STATE_DIR.fullmatch(n))]
+
+
+    def _survivors(self) -> list[str]:
+        try:
+            names = os.listdir(self._backup_dir)
+        except FileNotFoundError:
+            return []
+        return [n for n in names if n.startswith(_SURVIVOR_PREFIX)]
+
+
+def _read_position(directory: str) -> Position:
+    with open(os.path.join(directory, _POSITION)) as f:
+        return Position(**json.load(f))
+
+
+def variables(model: Any) -> list[Any]:
+    """Every variable the training state holds: the model's and its optimizer's."""
+    optimizer_variables = getattr(model.optimizer, "variables", [])
+    if callable(optimizer_variables):  # A legacy tf-keras optimizer's method.
+        optimizer_variables = optimizer_variables()
+    return _variables(model) + list(optimizer_variables)
 
 
 def _variables(model: Any) -> list[Any]:

@@ -341,7 +341,7 @@ def run_local_job(
                 log(
                     f"membership: {num_workers} -> {target} worker(s): "
                     f"{lost} (restart {attempt}/{restarts}); resuming from the "
-                    "last committed state."
+                    "newest state saved (the survivors' last step, else the last commit)."
                 )
                 num_workers = target
                 continue

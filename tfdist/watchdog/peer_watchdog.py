@@ -126,10 +126,14 @@ class PeerWatchdog:
 
     def start(self) -> None:
         """Starts probing; registers the clean-finish hook (see module)."""
-        resync = self._clock.resync if self._clock is not None else (lambda: None)
-        self._remove_hook = tf_errors.install_function_error_hook(
-            resync, self._classify
-        )
+        clock = self._clock
+
+        def resync(error: BaseException) -> None:
+            del error  # Any failed call may have left collectives unfinished.
+            if clock is not None:
+                clock.resync()
+
+        self._remove_hook = tf_errors.install_function_error_hook(resync, self._classify)
         atexit.register(self._finish_cleanly)
         self._thread.start()
 

@@ -88,5 +88,50 @@ class TrainingStateTest(tf.test.TestCase):
         state.delete()
 
 
+
+class SurvivorStateTest(tf.test.TestCase):
+    """States a task wrote after a lost peer (`write_survivor`): the newest one restores."""
+
+    def test_the_newest_of_the_commit_and_the_survivors_restores(self):
+        backup = self.create_tempdir().full_path
+        trained = _trained_model()
+        committed = training_state.Position(epoch=1, step=2, steps_done=10)
+        behind = training_state.Position(epoch=1, step=4, steps_done=12)
+        newest = training_state.Position(epoch=1, step=5, steps_done=13)
+        training_state.TrainingState(trained, backup, is_writer=True).commit(committed)
+        # Any task writes, not only the writer; each its own directory.
+        training_state.TrainingState(trained, backup, is_writer=False).write_survivor("worker:2", newest)
+        training_state.TrainingState(trained, backup, is_writer=False).write_survivor("worker:1", behind)
+
+        fresh = tfdist.testing.small_classifier(tf.keras.optimizers.SGD(0.1, momentum=0.9), seed=5)
+        state = training_state.TrainingState(fresh, backup, is_writer=True)
+        self.assertEqual(os.path.basename(state.latest_directory()), "survivor-worker-2")
+        self.assertEqual(state.restore(), newest)
+        for a, b in zip(trained.get_weights(), fresh.get_weights()):
+            self.assertAllEqual(a, b)
+
+    def test_a_commit_wins_a_tie_and_removes_the_survivors(self):
+        backup = self.create_tempdir().full_path
+        model = _trained_model()
+        state = training_state.TrainingState(model, backup, is_writer=True)
+        state.commit(training_state.Position(epoch=0, step=3, steps_done=3))
+        state.write_survivor("worker:0", training_state.Position(epoch=0, step=3, steps_done=3))
+        self.assertEqual(os.path.basename(state.latest_directory()), "state-1")
+
+        state.write_survivor("worker:0", training_state.Position(epoch=0, step=5, steps_done=5))
+        self.assertEqual(state.restore(), training_state.Position(epoch=0, step=5, steps_done=5))
+        state.commit(training_state.Position(epoch=0, step=6, steps_done=6))
+        self.assertEqual(sorted(os.listdir(backup)), ["latest", "state-2"])
+
+    def test_a_survivor_write_that_fails_leaves_nothing_to_restore(self):
+        backup = self.create_tempdir().full_path
+        state = training_state.TrainingState(_trained_model(), backup, is_writer=False)
+        with mock.patch.object(training_state.json, "dump", side_effect=OSError("disk full")):
+            with self.assertRaisesRegex(OSError, "disk full"):
+                state.write_survivor("worker:1", training_state.Position(epoch=0, step=1, steps_done=1))
+        self.assertIsNone(state.latest_directory())
+        self.assertEqual(os.listdir(backup), [])
+
+
 if __name__ == "__main__":
     tf.test.main()

@@ -54,7 +54,7 @@ class CollectiveClockTest(tf.test.TestCase):
             failing_step(tf.constant(1.0))
         self.assertEqual(self.clock.counts(), (1, 0))  # Would look in flight forever.
 
-        remove = tf_errors.install_function_error_hook(self.clock.resync)
+        remove = tf_errors.install_function_error_hook(lambda error: self.clock.resync())
         try:
             with self.assertRaises(tf.errors.InvalidArgumentError):
                 failing_step(tf.constant(1.0))
