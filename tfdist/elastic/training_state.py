@@ -129,7 +129,8 @@ class TrainingState:
             shutil.rmtree(
                 os.path.join(self._backup_dir, f"state-{number}"), ignore_errors=True
             )
-        for name in self._survivors():
+        # Survivors' states are older now, and so is what a killed survivor's write left.
+        for name in self._survivors(include_unfinished=True):
             shutil.rmtree(os.path.join(self._backup_dir, name), ignore_errors=True)
 
     def write_survivor(self, task: str, position: Position) -> None:
@@ -141,7 +142,7 @@ class TrainingState:
         """
         os.makedirs(self._backup_dir, exist_ok=True)
         final = os.path.join(self._backup_dir, _SURVIVOR_PREFIX + task.replace(":", "-"))
-        scratch = tempfile.mkdtemp(prefix=".survivor-", dir=self._backup_dir)
+        scratch = tempfile.mkdtemp(prefix="." + _SURVIVOR_PREFIX, dir=self._backup_dir)
         try:
             self._checkpoint().write(os.path.join(scratch, _CHECKPOINT))
             with open(os.path.join(scratch, _POSITION), "w") as f:
@@ -208,12 +209,13 @@ class TrainingState:
         return [int(m.group(1)) for n in names if (m := _STATE_DIR.fullmatch(n))]
 
 
-    def _survivors(self) -> list[str]:
+    def _survivors(self, include_unfinished: bool = False) -> list[str]:
         try:
             names = os.listdir(self._backup_dir)
         except FileNotFoundError:
             return []
-        return [n for n in names if n.startswith(_SURVIVOR_PREFIX)]
+        prefixes = (_SURVIVOR_PREFIX, "." + _SURVIVOR_PREFIX) if include_unfinished else (_SURVIVOR_PREFIX,)
+        return [n for n in names if n.startswith(prefixes)]
 
 
 def _read_position(directory: str) -> Position:

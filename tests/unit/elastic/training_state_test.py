@@ -120,6 +120,7 @@ class SurvivorStateTest(tf.test.TestCase):
 
         state.write_survivor("worker:0", training_state.Position(epoch=0, step=5, steps_done=5))
         self.assertEqual(state.restore(), training_state.Position(epoch=0, step=5, steps_done=5))
+        os.mkdir(os.path.join(backup, ".survivor-killed-mid-write"))
         state.commit(training_state.Position(epoch=0, step=6, steps_done=6))
         self.assertEqual(sorted(os.listdir(backup)), ["latest", "state-2"])
 
