@@ -101,9 +101,10 @@ test-tfkeras: $(EXTRAS_TEST)
 test-tfkeras-rest: $(EXTRAS_TEST)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and multiprocess and not conformance" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
+# The second run takes the model-level ones only (`model`), as test-tfkeras does.
 test-extended: $(EXTRAS_TEST)
 	$(PY) -m pytest tests -m extended $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m extended $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "extended and model" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 test-all: $(EXTRAS_TEST)
 	TF_CONTENDER=1 MAKE="$(MAKE)" tools/run_stages.sh $(TEST_STAGES) test-tfkeras-rest test-extended

@@ -126,12 +126,17 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
 
     # A parameter-server job's worker and ps tasks get the launcher's SIGTERM
     # too, and must serve until the chief has saved from them.
-    @parameterized.named_parameters(
-        ("multi_worker", "wait_for_sigterm", _TWO_WORKERS, ("--workers", "1")),
-        ("parameter_server", "wait_for_sigterm_ps", _PS_JOB, _PS_JOB),
-    )
-    def test_sigterm_to_the_launcher_exits_143_and_a_rerun_resumes_at_the_step(
-            self, mode, tasks, rerun_tasks):
+    def test_sigterm_to_the_launcher_exits_143_and_a_rerun_resumes_at_the_step_parameter_server(self):
+        self.check_sigterm_to_the_launcher("wait_for_sigterm_ps", _PS_JOB, _PS_JOB)
+
+    # In `make test-all` (`extended`): `make test` takes its paths in the
+    # tests above and below (the launcher's SIGTERM to every task, the
+    # agreement across workers, a resume on another number of workers).
+    @pytest.mark.extended
+    def test_sigterm_to_the_launcher_exits_143_and_a_rerun_resumes_at_the_step_multi_worker(self):
+        self.check_sigterm_to_the_launcher("wait_for_sigterm", _TWO_WORKERS, ("--workers", "1"))
+
+    def check_sigterm_to_the_launcher(self, mode, tasks, rerun_tasks):
         out_dir = self.create_tempdir().full_path
         launcher = subprocess.Popen(
             _command(out_dir, mode, *tasks), env=fault_lib.env(),
@@ -158,13 +163,18 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
 
     # The survivor saves the state of the step it ended last (the killed
     # worker's last), one step past the last commit (`save_freq`), and the
-    # job resumes there; without it (`save_on_loss=False`), at the commit,
-    # training the steps since again.
-    @parameterized.named_parameters(
-        ("at_the_step_of_the_loss", "kill", "survivor-worker-0", job.SIGNAL_STEP + 1),
-        ("at_the_last_commit_without_save_on_loss", "kill_keep_nothing", "state-", job.SIGNAL_STEP),
-    )
-    def test_a_killed_worker_shrinks_the_job_which_resumes(self, mode, state, step):
+    # job resumes there.
+    def test_a_killed_worker_shrinks_the_job_which_resumes_at_the_step_of_the_loss(self):
+        self.check_killed_worker("kill", "survivor-worker-0", job.SIGNAL_STEP + 1)
+
+    # Without it (`save_on_loss=False`), at the commit, training the steps
+    # since again: what the test above fails on without the survivor's save.
+    # In `make test-all` (`extended`).
+    @pytest.mark.extended
+    def test_a_killed_worker_shrinks_the_job_which_resumes_at_the_last_commit_without_save_on_loss(self):
+        self.check_killed_worker("kill_keep_nothing", "state-", job.SIGNAL_STEP)
+
+    def check_killed_worker(self, mode, state, step):
         out_dir = self.create_tempdir().full_path
         result = _launch(out_dir, mode, "--workers", "1:2", "--restarts", "1")
         self.assertEqual(result.returncode, 0, result.stderr[-5000:])

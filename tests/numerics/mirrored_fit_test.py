@@ -68,15 +68,18 @@ def _reference(optimizer_name, epochs=2):
 
 
 def _grid():
-    for algorithm in ("ring", "tree", "reduce_to_one", "auto"):
-        for n in (2, 4):
-            for optimizer in ("sgd", "adam"):
-                yield {
-                    "testcase_name": f"{algorithm}_{n}cpu_{optimizer}",
-                    "algorithm": algorithm,
-                    "num_replicas": n,
-                    "optimizer": optimizer,
-                }
+    # Every algorithm on 2 and 4 replicas, with SGD on one and Adam on the
+    # other (crossed between algorithms): the optimizer reads the reduced
+    # gradients, whichever algorithm summed them, so each pair of the three
+    # axes is covered without their full product.
+    for index, algorithm in enumerate(("ring", "tree", "reduce_to_one", "auto")):
+        for n, optimizer in zip((2, 4), ("sgd", "adam") if index % 2 == 0 else ("adam", "sgd")):
+            yield {
+                "testcase_name": f"{algorithm}_{n}cpu_{optimizer}",
+                "algorithm": algorithm,
+                "num_replicas": n,
+                "optimizer": optimizer,
+            }
 
 
 class MirroredFitEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
