@@ -20,10 +20,12 @@ error comes: a step that fails may have updated some state before the
 collective that failed (a layer's own counter, a seed generator's state),
 and two survivors may have got one step apart (a peer that died after
 sending its last collective's data to one of them but not the other). The
-copy is one function call that reads every variable's first local replica;
-TensorFlow copies a variable's buffer at its next update only while the
-value read is held (copy on write), so a kept step costs one extra copy of
-the state, in memory. Where the survivors are one step apart, the newest
+copy is one function call that reads every variable's first local replica
+into host memory: on a CPU TensorFlow then copies a variable's buffer at
+its next update only while the value read is held (copy on write), so a
+kept step costs one extra copy of the state; from an accelerator the read
+is the copy (device to host), and device memory holds one state as before
+(a GPU path not run here: no GPU). Where the survivors are one step apart, the newest
 state wins at the restart; both are states of the same training run.
 
 What it costs, and how often: the call's cost grows with the number of
@@ -77,7 +79,17 @@ class LastStep:
     def __init__(self, variables: Sequence[Any], strategy: tf.distribute.Strategy) -> None:
         self._replicas = [tuple(strategy.experimental_local_results(v)) for v in map(_tf_variable, variables)]
         firsts = [replicas[0] for replicas in self._replicas]
-        self._read = tf.function(lambda: [v.read_value() for v in firsts], autograph=False)
+
+        def read() -> list[tf.Tensor]:
+            values = []
+            for variable in firsts:
+                # In host memory: on a CPU the same buffer (copied on write),
+                # from an accelerator a copy, so device memory holds one state.
+                with tf.device(_host_of(variable.device)):
+                    values.append(tf.identity(variable.read_value()))
+            return values
+
+        self._read = tf.function(read, autograph=False)
         self._read()  # Traced here: the first `keep` would otherwise pause for as long, times 100.
         self._values: list[tf.Tensor] | None = None
         self._position: training_state.Position | None = None
@@ -138,6 +150,11 @@ class LastStep:
             task, self._position.epoch, self._position.step, time.monotonic() - started,
         )
         return self._position
+
+
+def _host_of(device: str) -> str:
+    """The CPU of the task that holds `device` (a full device name, or empty: this process's)."""
+    return tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0).to_string()
 
 
 def _tf_variable(variable: Any) -> Any:
