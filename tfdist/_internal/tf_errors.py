@@ -182,8 +182,9 @@ def install_function_error_hook(
 
     An error of a `tf.function` call becomes tfdist's class if its message
     carries the marker or `classify` returns a marked message for it (then
-    put in front of TF's). `on_error(error)` (the error re-classed) runs in the thread that made the
-    failed call, before the error reaches its caller. Must be installed
+    put in front of TF's). `on_error(error)` (the error, re-classed) runs
+    in the thread that made the failed call, before the error reaches its
+    caller. Must be installed
     before the calls it should affect start (Python binds a `with` block's
     `__exit__` on entry).
 

@@ -346,10 +346,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def _keep_last_step(self, strategy: Any) -> None:
         """Starts keeping each step's state if this fit can save it after a loss (`save_on_loss`)."""
-        if self._remove_error_hook is not None:  # From a fit that raised.
-            self._remove_error_hook()
-            self._remove_error_hook = None
-        self._last_step = None
+        self._stop_keeping()  # A fit that raised left its hook.
         self._keeps_last_step = self.save_on_loss and last_step_lib.replicates_state_over_tasks(strategy)
         if self._keeps_last_step:
             self._fit_thread = threading.get_ident()
@@ -365,17 +362,17 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             if self._last_step is None:
                 self._keeps_last_step = False
                 return
-        data_epoch = self._data_epoch
-        if done == self.params.get("steps"):
-            position = training_state.Position(
-                epoch=self._epoch + 1, step=0, steps_done=self._steps_done,
-                data_epoch=None if data_epoch is None else data_epoch + 1,
-            )
+        if done == self.params.get("steps"):  # As `on_epoch_end` will commit it.
+            data_epoch = None if self._data_epoch is None else self._data_epoch + 1
+            self._last_step.keep(self._position(self._epoch + 1, 0, data_epoch))
         else:
-            position = training_state.Position(
-                epoch=self._epoch, step=done, data_epoch=data_epoch, steps_done=self._steps_done
-            )
-        self._last_step.keep(position)
+            self._last_step.keep(self._position(self._epoch, done, self._data_epoch))
+
+    def _stop_keeping(self) -> None:
+        if self._remove_error_hook is not None:
+            self._remove_error_hook()
+            self._remove_error_hook = None
+        self._last_step = None
 
     def _on_function_error(self, error: BaseException) -> None:
         """After a `tf.function` call failed: a lost or stuck peer in fit's thread saves the last step."""
@@ -400,12 +397,13 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         keras_loop.wait_for_steps(self.model)
         # At an epoch end (step 0), on_epoch_end has already moved
         # `_data_epoch` on to the next pass.
-        self._state.commit(
-            training_state.Position(
-                epoch=epoch, step=step, data_epoch=self._data_epoch, steps_done=self._steps_done
-            )
-        )
+        self._state.commit(self._position(epoch, step, self._data_epoch))
         self._since_commit = 0
+
+    def _position(self, epoch: int, step: int, data_epoch: int | None) -> training_state.Position:
+        return training_state.Position(
+            epoch=epoch, step=step, data_epoch=data_epoch, steps_done=self._steps_done
+        )
 
     def _preempted(self, epoch: int, step: int) -> None:
         self._finish()
@@ -422,10 +420,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         keras_compat.clear_fit_start(self.model)  # `_resume`'s, for this fit only.
         self._notice.uninstall()
         self._agreement.stop()
-        if self._remove_error_hook is not None:
-            self._remove_error_hook()
-            self._remove_error_hook = None
-        self._last_step = None
+        self._stop_keeping()
         if self._resume_armed:
             self._resume_armed = False
             resume.disarm()

@@ -25,8 +25,9 @@ into host memory: on a CPU TensorFlow then copies a variable's buffer at
 its next update only while the value read is held (copy on write), so a
 kept step costs one extra copy of the state; from an accelerator the read
 is the copy (device to host), and device memory holds one state as before
-(a GPU path not run here: no GPU). Where the survivors are one step apart, the newest
-state wins at the restart; both are states of the same training run.
+(a GPU path not run here: no GPU). Where the survivors are one step apart,
+the newest state wins at the restart; both are states of the same
+training run.
 
 What it costs, and how often: the call's cost grows with the number of
 variables, not the step (0.25 ms for the 14 variables of a 77k-weight MLP
@@ -66,9 +67,10 @@ class LastStep:
     """One task's copy of the training state at its last step end.
 
     Contract: `keep` from the thread that runs `fit`, after each step
-    (never during one; it keeps that step or skips it, `COST_SHARE`); `save` once, after a step failed for a lost
-    peer, from the same thread; it runs no collective. Before the first
-    `keep`, `save` writes nothing.
+    (never during one; it keeps that step or skips it, `COST_SHARE`);
+    `save` once, after a step failed for a lost peer, from the same
+    thread; it runs no collective. Before the first `keep`, `save` writes
+    nothing.
 
     Args:
       variables: Every variable the training state checkpoints (Keras 3
@@ -77,7 +79,9 @@ class LastStep:
     """
 
     def __init__(self, variables: Sequence[Any], strategy: tf.distribute.Strategy) -> None:
-        self._replicas = [tuple(strategy.experimental_local_results(v)) for v in map(_tf_variable, variables)]
+        self._replicas = [
+            tuple(strategy.experimental_local_results(v)) for v in map(_tf_variable, variables)
+        ]
         firsts = [replicas[0] for replicas in self._replicas]
 
         def read() -> list[tf.Tensor]:

@@ -194,7 +194,8 @@ class TrainingState:
         if not candidates:
             return None
         directories = [os.path.join(self._backup_dir, name) for name in candidates]
-        return max(directories, key=lambda d: (_read_position(d).steps_done, -directories.index(d)))
+        steps = [_read_position(d).steps_done for d in directories]
+        return directories[max(range(len(directories)), key=lambda i: (steps[i], -i))]
 
     def delete(self) -> None:
         """Removes every committed state (the writer only; others do nothing)."""
@@ -207,7 +208,6 @@ class TrainingState:
         except FileNotFoundError:
             return []
         return [int(m.group(1)) for n in names if (m := _STATE_DIR.fullmatch(n))]
-
 
     def _survivors(self, include_unfinished: bool = False) -> list[str]:
         try:
