@@ -346,7 +346,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def _keep_last_step(self, strategy: Any) -> None:
         """Starts keeping each step's state if this fit can save it after a loss (`save_on_loss`)."""
-        self._stop_keeping()  # A fit that raised left its hook.
+        self._stop_keeping()  # A fit that raised elsewhere than in a step left its hook.
         self._keeps_last_step = self.save_on_loss and last_step_lib.replicates_state_over_tasks(strategy)
         if self._keeps_last_step:
             self._fit_thread = threading.get_ident()
@@ -383,7 +383,9 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             or threading.get_ident() != self._fit_thread
         ):
             return
-        last_step, self._last_step = self._last_step, None  # Once.
+        last_step = self._last_step
+        # The error ends this fit: the hook goes now, not at the next fit.
+        self._stop_keeping()
         task = self.model.distribute_strategy.cluster_config.task.name
         try:
             last_step.save(self._state, task)
