@@ -17,6 +17,7 @@ import functools
 import glob
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tests import forked_script
 from tests.front_end import KERAS_3
 from tests.integration import elastic_script as job
 from tests.integration import fault_lib
+from tests.unit.launch import programs
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -190,26 +192,44 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
         # 2 -> 3 workers: the global batch of 16 is then split 6/5/5.
         out_dir = self.create_tempdir().full_path
         slots = os.path.join(out_dir, "slots")
-        with open(slots, "w") as f:
-            f.write("2")
+        stderr = self._grow(out_dir, slots, "2", "3", _command(
+            out_dir, "wait_for_sigterm", "--workers", "1:3", "--slots-file", slots))
+        self.assertIn(f"membership: 2 -> 3 worker(s): the slots file {slots!r} asked for 3", stderr)
+
+    # In `make test-all` (`extended`): the same job as the slots file's, its
+    # tasks started through a remote shell (a stand-in for ssh, on 127.0.0.1).
+    @pytest.mark.extended
+    def test_a_host_added_grows_the_job_at_a_step(self):
+        out_dir = self.create_tempdir().full_path
+        hosts = os.path.join(out_dir, "hosts")
+        command = [
+            sys.executable, "-m", "tfdist.launch", "--workers", "1:3", "--hosts-file", hosts,
+            "--rsh", shlex.join(programs.FAKE_RSH), "--port", str(programs.free_port_block(3)),
+            "--", sys.executable, SCRIPT, "wait_for_sigterm", out_dir,
+        ]
+        stderr = self._grow(out_dir, hosts, "127.0.0.1 slots=2\n", "127.0.0.1 slots=3\n", command)
+        self.assertIn(f"membership: 2 -> 3 worker(s): the hosts file {hosts!r} changed", stderr)
+
+    def _grow(self, out_dir, path, before, after, command):
+        """Runs `command` with `before` in `path`, writes `after` once 2 workers run; returns its stderr."""
+        with open(path, "w") as f:
+            f.write(before)
         launcher = subprocess.Popen(
-            _command(out_dir, "wait_for_sigterm", "--workers", "1:3", "--slots-file", slots),
-            env=fault_lib.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            command, env=fault_lib.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         try:
             _wait_for(out_dir, "reached-", 2, launcher)
-            with open(slots, "w") as f:
-                f.write("3")
+            with open(path, "w") as f:
+                f.write(after)
             _, stderr = launcher.communicate(timeout=fault_lib.JOB_LIMIT_S)
         finally:
             launcher.kill()
         self.assertEqual(launcher.returncode, 0, stderr[-5000:])
-        self.assertIn("membership: 2 -> 3 worker(s): the slots file asked for 3", stderr)
         self.assertIn("all 3 chief/worker task(s) exited 0", stderr)
         self.assertLen(self.saved_positions(out_dir), 1)
         self.assert_each_example_once_per_epoch(out_dir)
         self.assert_equals_uninterrupted(out_dir)
-
+        return stderr
 
 if __name__ == "__main__":
     tfdist.testing.main()

@@ -15,7 +15,11 @@ Modules, one job each:
   multi-worker or the parameter-server rules), `JobResult`/`TaskResult`/
   `JobOutcome` (how it ended).
 - `ports`: `make_local_cluster`, a cluster spec of free 127.0.0.1 ports.
-- `hosts`: `cluster_from_hosts`, the cluster of a job on real hosts.
+- `hosts`: `cluster_from_hosts`, the cluster of a job on real hosts, and
+  hosts files (`HOST slots=N` lines: where `run_local_job(hosts_file=...)`
+  places the tasks).
+- `remote`: `RemoteShell`, how a task is started on its host (ssh);
+  `remote_task` is the end that runs there and relays the signals.
 - `tfjob`: `tfjob_manifest`, the Kubeflow TFJob of a job.
 - `supervisor`: `LocalJob`, which starts the tasks and decides how the job
   ends; `process` (one task's OS process), `output` (prefixed task output)
@@ -23,7 +27,8 @@ Modules, one job each:
   `preload` forks Python tasks from a template process that has imported
   their heavy modules once (`LocalJob(preload=...)`).
 - `restart`: `run_local_job`, the command line's job: restarts after a
-  failure, one deadline, forwarded signals.
+  failure, one deadline, forwarded signals, elastic membership
+  (`membership`: `--workers MIN:MAX`, slots and hosts files).
 - `cli`: `run_cli`, the `tfdist-launch` command line; `__main__` runs it.
 
 This package imports nothing from TensorFlow.
@@ -40,6 +45,7 @@ from tfdist.launch.job import JobShape
 from tfdist.launch.job import TaskResult
 from tfdist.launch.ports import free_local_address
 from tfdist.launch.ports import make_local_cluster
+from tfdist.launch.remote import RemoteShell
 from tfdist.launch.restart import run_local_job
 from tfdist.launch.supervisor import DEFAULT_GRACE_PERIOD_S
 from tfdist.launch.supervisor import DEFAULT_WORKER_RESTARTS
@@ -58,6 +64,7 @@ __all__ = [
     "JobResult",
     "JobShape",
     "LocalJob",
+    "RemoteShell",
     "TaskResult",
     "cluster_from_hosts",
     "free_local_address",

@@ -30,6 +30,7 @@ from tfdist.cluster import spec
 from tfdist.launch import hosts as hosts_lib
 from tfdist.launch import job
 from tfdist.launch import membership
+from tfdist.launch import remote
 from tfdist.launch import restart
 from tfdist.launch import supervisor
 from tfdist.launch import tfjob
@@ -46,6 +47,8 @@ _USAGE = f"""\
                      [--restarts K] [--worker-restarts K] [--timeout-s T]
                      [--grace-period-s S] [--no-isolate] [--preload MODULES]
                      [--slots-file PATH] -- COMMAND [ARG ...]
+       {_PROG} --workers N|MIN:MAX --hosts-file PATH [--rsh CMD] [--port P]
+                     [--env NAMES] [...] -- COMMAND [ARG ...]
        {_PROG} --workers N [...] --print-tf-config --hosts H:P,H:P,... \
 [-- COMMAND ...]
        {_PROG} --workers N [...] --emit tfjob [--name NAME] [--image IMAGE]
@@ -70,6 +73,17 @@ without using a restart; a change of the slots file's count stops the tasks
 at a step (SIGTERM) and relaunches with the new count. Scripts resume with
 tfdist.elastic.Elastic.
 
+on several hosts (--hosts-file): each task runs on a host the file lists
+(`HOST slots=N` per line, as in MPI and Horovod hostfiles), started through
+--rsh (default `ssh -o BatchMode=yes`) in this directory, with TF_CONFIG,
+PATH, PYTHONPATH, PYTHONUNBUFFERED, VIRTUAL_ENV and the --env names set from
+this process; signals are relayed to it over the connection. Every host needs
+this Python at the same path with tfdist, and this directory. The k-th task on
+a host listens on --port + k. In a multi-worker job the file is re-read as a
+slots file is: when the hosts the tasks would run on change, the tasks are
+stopped at a step and relaunched there; a host whose worker is lost is left
+out until the file drops it.
+
 parameter-server jobs (--ps M, which needs --chief): the chief runs the
 training script; worker and ps tasks serve until the job ends. The job
 succeeds when the chief exits 0, and the serving tasks are then stopped. A
@@ -92,6 +106,7 @@ exceeded, 128+N stopped by signal N (130 for Ctrl-C).
 examples:
   {_PROG} --workers 2 -- python -u train.py --epochs 3
   {_PROG} --workers 2:4 --restarts 10 -- python -u train.py
+  {_PROG} --workers 2:8 --hosts-file hosts.txt --restarts 10 -- python -u train.py
   {_PROG} --chief --workers 2 --ps 2 --restarts 1 -- python -u train_ps.py
   {_PROG} --workers 2 --chief --print-tf-config \
 --hosts 10.0.0.1:2222,10.0.0.2:2222,10.0.0.3:2222
@@ -180,6 +195,39 @@ def _workers_type(text: str) -> membership.WorkerRange:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _rsh_type(text: str) -> tuple[str, ...]:
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"cannot split --rsh {text!r}: {e}") from e
+    if not argv:
+        raise argparse.ArgumentTypeError(
+            f"expected a remote shell command, received --rsh {text!r}. Pass "
+            "e.g. --rsh 'ssh -o BatchMode=yes -p 2200'"
+        )
+    return argv
+
+
+def _port_type(text: str) -> int:
+    value = _count_type("--port", 1, "2222")(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected a TCP port <= 65535, received --port {text!r}. Pass "
+            "e.g. --port 2222"
+        )
+    return value
+
+
+def _names_type(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(name.isidentifier() for name in names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated variable names, received --env "
+            f"{text!r}. Pass e.g. --env HOME,DATA_DIR"
+        )
+    return names
+
+
 def _modules_type(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(","))
     if not all(
@@ -263,6 +311,34 @@ def _build_parser(out: TextIO) -> _Parser:
         "a step and the job goes on with min(slots, MAX) workers",
     )
     run.add_argument(
+        "--hosts-file",
+        metavar="PATH",
+        help="run the tasks on the hosts this file lists (HOST slots=N per "
+        "line) through --rsh, instead of on this machine; re-read while a "
+        "multi-worker job runs",
+    )
+    run.add_argument(
+        "--rsh",
+        type=_rsh_type,
+        metavar="CMD",
+        help="with --hosts-file: the remote shell that starts a task, run as "
+        f"CMD HOST COMMAND (default {shlex.join(remote.DEFAULT_RSH)!r})",
+    )
+    run.add_argument(
+        "--port",
+        type=_port_type,
+        metavar="P",
+        help="with --hosts-file: the first task's port on each host (default "
+        f"{hosts_lib.DEFAULT_PORT}; the k-th task on a host listens on P+k)",
+    )
+    run.add_argument(
+        "--env",
+        type=_names_type,
+        metavar="NAMES",
+        help="with --hosts-file: comma-separated variables of this "
+        "environment to set in every task too",
+    )
+    run.add_argument(
         "--preload",
         type=_modules_type,
         metavar="MODULES",
@@ -332,6 +408,33 @@ def _check_modes(args: argparse.Namespace, command: Sequence[str]) -> None:
             "launcher runs; --print-tf-config and --emit tfjob launch "
             "nothing. Drop --slots-file."
         )
+    if args.hosts_file is None:
+        for flag, value in (
+            ("--rsh", args.rsh and shlex.join(args.rsh)),
+            ("--port", args.port),
+            ("--env", args.env and ",".join(args.env)),
+        ):
+            if value is not None:
+                raise _UsageError(
+                    f"{flag} {value} only applies to --hosts-file. Add "
+                    f"--hosts-file PATH, or drop {flag}."
+                )
+    else:
+        for flag, value in (
+            ("--slots-file", args.slots_file),
+            ("--no-isolate", args.no_isolate or None),
+            ("--preload", args.preload and ",".join(args.preload)),
+            ("--print-tf-config", args.print_tf_config or None),
+            ("--emit", args.emit),
+        ):
+            if value is not None:
+                shown = "" if value is True else f" {value}"
+                raise _UsageError(
+                    f"{flag}{shown} does not go with --hosts-file "
+                    f"{args.hosts_file!r}: its slots are the job's count, its "
+                    "tasks run on their hosts' networks, each started afresh, "
+                    f"and it launches them. Drop {flag}."
+                )
     if args.print_tf_config:
         if args.hosts is None:
             raise _UsageError(
@@ -510,6 +613,13 @@ def run_cli(
             preload=args.preload or (),
             min_workers=args.workers.minimum,
             slots_file=args.slots_file,
+            hosts_file=args.hosts_file,
+            remote_shell=(
+                remote.RemoteShell(args.rsh or remote.DEFAULT_RSH, forward_env=args.env or ())
+                if args.hosts_file is not None
+                else None
+            ),
+            port=args.port or hosts_lib.DEFAULT_PORT,
             stdout=out,
             stderr=err,
         )

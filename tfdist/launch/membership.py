@@ -1,7 +1,8 @@
-"""How many workers an elastic local job runs: `--workers MIN:MAX` and a slots file.
+"""How many workers an elastic job runs: `--workers MIN:MAX`, a slots or hosts file.
 
     workers = WorkerRange.parse("2:4")        # MIN 2, MAX 4
-    watcher = SlotsWatcher("slots.txt", workers, current=4, on_change=reform)
+    watcher = GrantWatcher(slots_grant("slots.txt", workers), current=4,
+                           on_change=reform)
     watcher.start(); ...; watcher.stop()
 
 The local launcher starts MAX workers (or as many as the slots file allows)
@@ -13,7 +14,9 @@ and changes the count between attempts (`restart.run_local_job`):
   the job; re-read every `POLL_S`), a change of the count asks the running
   tasks to stop at a step boundary (SIGTERM: `tfdist.elastic.Elastic`
   saves there) and the next attempt runs min(slots, MAX) workers: a
-  shrink without steps lost, or a grow.
+  shrink without steps lost, or a grow;
+- with a hosts file (`hosts.HostsFile`), the same when the hosts the tasks
+  would run on change.
 
 This module imports nothing from TensorFlow.
 """
@@ -23,10 +26,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from tfdist import errors
 
-__all__ = ["POLL_S", "SlotsWatcher", "WorkerRange", "read_slots"]
+__all__ = ["POLL_S", "GrantWatcher", "WorkerRange", "read_slots", "slots_grant"]
 
 #: How often a `SlotsWatcher` re-reads its file, in seconds.
 POLL_S = 0.5
@@ -98,40 +102,38 @@ def read_slots(path: str) -> int | None:
     return slots if slots >= 0 else None
 
 
-class SlotsWatcher:
-    """Calls `on_change(target)` once when the slots file's count differs from `current`.
+class GrantWatcher:
+    """Calls `on_change(grant)` once when `read()` returns a grant other than `current`.
 
-    `target` is min(slots, `workers.maximum`); below `workers.minimum` it is
-    still reported (the launcher then stops the job). A missing or
-    unreadable file changes nothing.
+    What a grant is depends on the source: `slots_grant`'s is a worker
+    count; a hosts file's (`hosts.HostsFile.grant`) is where the tasks would
+    run. `read` returns None when the source is missing or unreadable (a
+    file being rewritten): that changes nothing.
 
     Contract: `start` once, `stop` when the attempt ends (idempotent).
-    `on_change` runs on the watcher's thread, at most once; `target` then
-    holds the count it was called with.
+    `read` and `on_change` run on the watcher's thread, `on_change` at most
+    once; `target` then holds the grant it was called with.
 
     Args:
-      path: The slots file.
-      workers: The job's range.
-      current: The attempt's number of workers.
-      on_change: Called with the new count.
+      read: Returns the grant now, or None; polled every `POLL_S`.
+      current: The attempt's grant.
+      on_change: Called with the new grant.
     """
 
     def __init__(
         self,
-        path: str,
-        workers: WorkerRange,
+        read: Callable[[], Any],
         *,
-        current: int,
-        on_change: Callable[[int], None],
+        current: Any,
+        on_change: Callable[[Any], None],
     ) -> None:
-        self._path = path
-        self._workers = workers
+        self._read = read
         self._current = current
         self._on_change = on_change
         self._stopped = threading.Event()
-        self.target: int | None = None
+        self.target: Any = None
         self._thread = threading.Thread(
-            target=self._run, name="tfdist-launch-slots", daemon=True
+            target=self._run, name="tfdist-launch-grant", daemon=True
         )
 
     def start(self) -> None:
@@ -146,11 +148,22 @@ class SlotsWatcher:
 
     def _run(self) -> None:
         while not self._stopped.wait(POLL_S):
-            slots = read_slots(self._path)
-            if slots is None:
-                continue
-            target = min(slots, self._workers.maximum)
-            if target != self._current:
-                self.target = target
-                self._on_change(target)
+            grant = self._read()
+            if grant is not None and grant != self._current:
+                self.target = grant
+                self._on_change(grant)
                 return
+
+
+def slots_grant(path: str, workers: WorkerRange) -> Callable[[], int | None]:
+    """A `GrantWatcher` source: min(the slots file's count, `workers.maximum`).
+
+    The count is still reported below `workers.minimum` (the launcher then
+    stops the job).
+    """
+
+    def read() -> int | None:
+        slots = read_slots(path)
+        return None if slots is None else min(slots, workers.maximum)
+
+    return read

@@ -40,6 +40,7 @@ from tfdist.launch import isolation
 from tfdist.launch import job
 from tfdist.launch import output as output_lib
 from tfdist.launch import preload as preload_lib
+from tfdist.launch import remote
 
 __all__ = ["Event", "TaskProcess", "find_program"]
 
@@ -112,9 +113,11 @@ class TaskProcess:
                 Mapping[str, str],
                 isolation.PrivateNetwork | None,
                 Sequence[str],
+                bool,
             ]
             | None
         ) = None
+        self._relays_signals = False
 
     def start(
         self,
@@ -124,6 +127,7 @@ class TaskProcess:
         *,
         network: isolation.PrivateNetwork | None = None,
         preload: Sequence[str] = (),
+        relay_signals: bool = False,
     ) -> None:
         """Starts the process: `command` with `env` plus the task's TF_CONFIG.
 
@@ -136,11 +140,16 @@ class TaskProcess:
           preload: Modules imported once in a template process; a
             `python SCRIPT ...` command is then forked from it
             (`tfdist.launch.preload`) instead of started afresh.
+          relay_signals: Whether `command` is a remote shell running
+            `tfdist.launch.remote_task` on another host: `signal_group` then
+            writes signals to its standard input (SIGKILL kills it, and the
+            host end then kills the task).
 
         Raises:
           LauncherError: If the process cannot be started.
         """
-        self._start_args = (program, command, env, network, preload)
+        self._start_args = (program, command, env, network, preload, relay_signals)
+        self._relays_signals = relay_signals
         task_env = dict(env)
         task_env[tf_config.TF_CONFIG_ENV_VAR] = self.config.to_json()
         process: subprocess.Popen[bytes] | preload_lib.ForkedProcess
@@ -152,7 +161,7 @@ class TaskProcess:
                 network_fds=() if network is None else network.descriptors(),
             )
         else:
-            process = self._popen(program, command, task_env, network)
+            process = self._popen(program, command, task_env, network, relay_signals)
         self.exit_code = None
         prefix = f"[{self.task.name}] "
         self._lives.append(
@@ -180,6 +189,7 @@ class TaskProcess:
         command: Sequence[str],
         task_env: Mapping[str, str],
         network: isolation.PrivateNetwork | None,
+        relay_signals: bool,
     ) -> subprocess.Popen[bytes]:
         argv, fds = list(command), tuple[int, ...]()
         if network is not None:
@@ -190,7 +200,7 @@ class TaskProcess:
                 executable=program if network is None else None,
                 pass_fds=fds,
                 env=task_env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if relay_signals else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # Own process group; see signal_group.
@@ -215,8 +225,10 @@ class TaskProcess:
                 f"{'never started' if self._start_args is None else 'runs'}; "
                 "restart a task only after its exit was recorded."
             )
-        program, command, env, network, preload = self._start_args
-        self.start(program, command, env, network=network, preload=preload)
+        program, command, env, network, preload, relay_signals = self._start_args
+        self.start(
+            program, command, env, network=network, preload=preload, relay_signals=relay_signals
+        )
 
     @property
     def restarts(self) -> int:
@@ -240,6 +252,14 @@ class TaskProcess:
         process = self._lives[-1].process
         if process.returncode is not None:
             return False
+        if self._relays_signals and signal_number != signal.SIGKILL:
+            assert isinstance(process, subprocess.Popen) and process.stdin is not None
+            try:
+                process.stdin.write(remote.encode_signal(signal_number))
+                process.stdin.flush()
+            except (BrokenPipeError, ValueError):  # The remote shell has gone.
+                return False
+            return True
         try:
             # start_new_session=True made the task the leader of its group.
             os.killpg(process.pid, signal_number)

@@ -17,16 +17,19 @@ restarted alone, inside the attempt (`LocalJob`, `worker_restarts`); only a
 failure of the job itself relaunches all tasks.
 
 Elastic multi-worker jobs (`min_workers` below `shape.num_workers`, or a
-`slots_file`; `membership`) change the number of workers between attempts:
+`slots_file` or `hosts_file`; `membership`) change the number of workers
+between attempts:
 
     attempt ends                         next attempt
     a task exited 143 (preempted,        the same workers; no restart used
       its state saved at a step)
-    the slots file changed               min(slots, MAX) workers; no restart
-                                         used (the tasks were stopped with
-                                         SIGTERM, and saved at a step)
-    a worker was lost (killed by a       one worker fewer (with a slots file:
-      signal)                            min(slots, MAX)); a restart used
+    the slots file changed, or where     min(slots, MAX) workers; no restart
+      the hosts file would put the       used (the tasks were stopped with
+      tasks                              SIGTERM, and saved at a step)
+    a worker was lost (killed by a       one worker fewer (with a slots or
+      signal; ssh's 255)                 hosts file: min(slots, MAX), the
+                                         lost worker's host left out); a
+                                         restart used
     fewer than min_workers left          the job fails with TooFewWorkersError
                                          (`JobResult.error`) naming the lost task
 
@@ -44,20 +47,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import shlex
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TextIO
 
 from tfdist import errors
 from tfdist import _validation as validation
+from tfdist.cluster import spec
+from tfdist.cluster import tf_config
+from tfdist.launch import hosts as hosts_lib
 from tfdist.launch import isolation
 from tfdist.launch import job
 from tfdist.launch import membership
 from tfdist.launch import ports
+from tfdist.launch import remote
 from tfdist.launch import supervisor
 
 __all__ = ["run_local_job"]
@@ -111,6 +121,9 @@ def run_local_job(
     preload: Sequence[str] = (),
     min_workers: int | None = None,
     slots_file: str | None = None,
+    hosts_file: str | None = None,
+    remote_shell: remote.RemoteShell | None = None,
+    port: int = hosts_lib.DEFAULT_PORT,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> job.JobResult:
@@ -150,6 +163,15 @@ def run_local_job(
       slots_file: Elastic jobs: a file holding how many worker slots the
         job may use now, re-read while it runs (see `membership`); None:
         the count changes only when a worker is lost.
+      hosts_file: Runs the tasks on the hosts this file lists
+        (`hosts.HostsFile`: `HOST slots=N` lines, re-read while a
+        multi-worker job runs, like `slots_file`) through `remote_shell`,
+        instead of on this machine; a host whose worker was lost is left
+        out. None: every task runs here, on 127.0.0.1.
+      remote_shell: With `hosts_file`: how a task is started on its host;
+        None means `remote.RemoteShell()` (ssh).
+      port: With `hosts_file`: the first task's port on each host (the
+        k-th task on a host listens on `port + k`).
       stdout: Where task stdout goes; `None` means `sys.stdout`.
       stderr: Where task stderr and launcher messages go; `None` means
         `sys.stderr`.
@@ -166,7 +188,8 @@ def run_local_job(
         command is empty, a parameter-server job has no chief, a task
         cannot be started, `isolate=True` but the OS does not allow it, or
         `min_workers`/`slots_file` are given for a parameter-server job or
-        `min_workers` is out of range.
+        `min_workers` is out of range, or the hosts file cannot be read,
+        is malformed, or lacks the slots for the job.
       ConfigError: If `timeout_s` or `grace_period_s` is not positive.
 
     Example:
@@ -188,48 +211,95 @@ def run_local_job(
         timeout_s = validation.check_positive_number("timeout_s", timeout_s)
     validation.check_positive_number("grace_period_s", grace_period_s)
     workers = _worker_range(shape, min_workers, slots_file)
+    if hosts_file is not None and slots_file is not None:
+        raise errors.LauncherError(
+            f"a job takes its workers' count from a slots file or a hosts "
+            f"file, not both; received slots_file={slots_file!r} and "
+            f"hosts_file={hosts_file!r}. The hosts file's slots are the "
+            "count: drop the slots file."
+        )
 
     def log(message: str) -> None:
         sink = stderr if stderr is not None else sys.stderr
         sink.write(f"tfdist-launch: {message}\n")
         sink.flush()
 
-    is_isolated = isolation.should_isolate(isolate, report=log)
-    network = (
-        "in a private network namespace"
-        if is_isolated
-        else "on this host's network"
-    )
+    def too_few(result: job.JobResult, message: str, task: str | None = None) -> job.JobResult:
+        """The job's end below MIN workers: `result` failed with a `TooFewWorkersError`."""
+        log(f"membership: {message}")
+        return dataclasses.replace(
+            result,
+            outcome=job.JobOutcome.FAILED,
+            error=errors.TooFewWorkersError(message, task=task),
+        )
+
+    hosts: hosts_lib.HostsFile | None = None
+    if hosts_file is not None:
+        if isolate or preload:
+            raise errors.LauncherError(
+                f"tasks on the hosts of a hosts file run on those hosts' "
+                f"networks, each started afresh; received isolate={isolate!r}, "
+                f"preload={tuple(preload)!r} with hosts_file={hosts_file!r}. "
+                "Drop isolate and preload."
+            )
+        hosts = hosts_lib.HostsFile(hosts_file, shape, port=port)
+        log(
+            "the tasks run on their hosts' networks: TensorFlow's servers "
+            "listen on every interface (*:PORT) without authentication, so "
+            "let only the job's hosts reach the job's ports (a firewall); see "
+            "docs/security.md in tfdist's repository."
+        )
+        remote_shell = remote_shell or remote.RemoteShell()
+        is_isolated = False  # Each task is on its host's network.
+        network = f"on their hosts through {shlex.join(remote_shell.rsh)}"
+    else:
+        is_isolated = isolation.should_isolate(isolate, report=log)
+        network = (
+            "in a private network namespace"
+            if is_isolated
+            else "on this host's network"
+        )
     deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
     forwarder = _SignalForwarder()
     num_workers = shape.num_workers
-    if slots_file is not None:
-        slots = membership.read_slots(slots_file)
-        if slots is not None and slots < workers.minimum:
+    granted = _granted(hosts, slots_file, workers)
+    if granted is not None:
+        count = granted()
+        if count is not None and count < workers.minimum:
             raise errors.LauncherError(
-                f"the slots file {slots_file!r} grants {slots} worker(s), fewer "
-                f"than the {workers.minimum} the job needs (--workers {workers}). "
-                "Start it once the file grants enough, or lower MIN."
+                f"the {_source(hosts_file, slots_file)} grants {count} "
+                f"worker(s), fewer than the {workers.minimum} the job needs "
+                f"(--workers {workers}). Start it once the file grants "
+                "enough, or lower MIN."
             )
-        if slots is not None:
-            num_workers = min(slots, workers.maximum)
+        if count is not None:
+            num_workers = count
     change: _Change | None = None
     with contextlib.ExitStack() as stack:
         if forward_signals:
             stack.enter_context(forwarder)
         attempt = 0
         while True:
-            cluster = ports.make_local_cluster(
-                dataclasses.replace(shape, num_workers=num_workers)
-            )
+            placement = None
+            task_command: Sequence[str] | Callable[[spec.TaskSpec], Sequence[str]] = argv
+            if hosts is not None:
+                placement = hosts.placement(num_workers)
+                cluster = placement.cluster()
+                assert remote_shell is not None
+                task_command = _remote_commands(placement, cluster, argv, env, remote_shell)
+            else:
+                cluster = ports.make_local_cluster(
+                    dataclasses.replace(shape, num_workers=num_workers)
+                )
             local_job = supervisor.LocalJob(
                 cluster,
-                argv,
+                task_command,
                 env=env,
                 grace_period_s=grace_period_s,
                 worker_restarts=worker_restarts,
                 isolate=is_isolated,
                 preload=preload,
+                relay_signals=hosts is not None,
                 stdout=stdout,
                 stderr=stderr,
             )
@@ -250,13 +320,19 @@ def run_local_job(
                 )
                 change = None
             watcher = None
-            if slots_file is not None:
-                watcher = membership.SlotsWatcher(
-                    slots_file,
-                    workers,
+            if hosts is not None and placement is not None and not shape.num_ps:
+                watcher = membership.GrantWatcher(
+                    hosts.grant,
+                    current=placement.hosts,
+                    on_change=lambda _: local_job.request_stop(signal.SIGTERM),
+                )
+            elif slots_file is not None:
+                watcher = membership.GrantWatcher(
+                    membership.slots_grant(slots_file, workers),
                     current=num_workers,
                     on_change=lambda _: local_job.request_stop(signal.SIGTERM),
                 )
+            if watcher is not None:
                 watcher.start()
             remaining_s = None
             if deadline_s is not None:
@@ -278,20 +354,21 @@ def run_local_job(
                 return result
             # When the exit or request that ended the attempt happened.
             ended_s = time.monotonic() - (result.elapsed_s - result.decided_after_s)
+            if hosts is not None:
+                hosts.refresh()
             if watcher is not None and watcher.target is not None:
-                target = watcher.target
-                cause = f"the slots file asked for {target}; the tasks were stopped at a step"
+                assert granted is not None
+                target = granted()
+                if target is None:  # Unreadable again: the grant that was read.
+                    target = num_workers if hosts is not None else watcher.target
+                source = _source(hosts_file, slots_file)
+                cause = (
+                    f"the {source} changed"
+                    if hosts is not None
+                    else f"the {source} asked for {target}"
+                ) + "; the tasks were stopped at a step"
                 if target < workers.minimum:
-                    message = (
-                        f"the slots file grants {target} worker(s), "
-                        f"fewer than the {workers.minimum} the job needs "
-                        f"(--workers {workers}); stopped the job (its tasks "
-                        "saved at a step: run it again to resume)."
-                    )
-                    log(f"membership: {message}")
-                    return dataclasses.replace(
-                        result, outcome=job.JobOutcome.FAILED,
-                        error=errors.TooFewWorkersError(message))
+                    return too_few(result, _stopped_below(source, target, workers))
                 change = _Change(num_workers, cause, ended_s)
                 log(f"membership: {num_workers} -> {target} worker(s): {cause}.")
                 num_workers = target
@@ -304,10 +381,14 @@ def run_local_job(
                 else None
             )
             if failed is not None and failed.exit_code == errors.PREEMPTED_EXIT_CODE and (
-                workers.is_elastic or slots_file is not None
+                workers.is_elastic or (granted is not None and not shape.num_ps)
             ):
                 cause = f"task {failed.task.name} was preempted (saved at a step, exit 143)"
                 change = _Change(num_workers, cause, ended_s)
+                if hosts is not None:
+                    num_workers = hosts.workers()  # The hosts may have changed meanwhile.
+                    if num_workers < workers.minimum:
+                        return too_few(result, _stopped_below(_source(hosts_file, None), num_workers, workers))
                 log(f"membership: {cause}; relaunching {num_workers} worker(s).")
                 continue
             if (
@@ -318,11 +399,15 @@ def run_local_job(
             ):
                 lost = f"task {failed.task.name} {failed.describe()}"
                 target = num_workers - 1
-                if slots_file is not None:
-                    # The slots file, not the loss, says what the machine has.
-                    granted = membership.read_slots(slots_file)
-                    if granted is not None:
-                        target = min(granted, workers.maximum)
+                if hosts is not None and placement is not None:
+                    host = placement.host_of(failed.task)
+                    hosts.leave_out(host)
+                    lost += f" (host {host} is left out until the hosts file drops it)"
+                if granted is not None:
+                    # The file, not the loss, says what the job may use.
+                    count = granted()
+                    if count is not None:
+                        target = count
                 if target < workers.minimum:
                     message = (
                         f"{lost}, leaving {target} "
@@ -331,9 +416,7 @@ def run_local_job(
                         "why it was lost (its output above); run the job again "
                         "to resume from the last committed state, or lower MIN."
                     )
-                    log(f"membership: {message}")
-                    return dataclasses.replace(
-                        result, error=errors.TooFewWorkersError(message, task=failed.task.name))
+                    return too_few(result, message, task=failed.task.name)
                 if attempt >= restarts:
                     return result
                 attempt += 1
@@ -352,6 +435,49 @@ def run_local_job(
                 f"restart {attempt}/{restarts}: {result.describe()} "
                 f"Relaunching all {cluster.num_tasks} task(s) on fresh ports."
             )
+
+
+def _granted(
+    hosts: hosts_lib.HostsFile | None, slots_file: str | None, workers: membership.WorkerRange
+) -> Callable[[], int | None] | None:
+    """How many workers the job's file grants now (None: unreadable); None without a file."""
+    if hosts is not None:
+        return hosts.workers
+    if slots_file is not None:
+        return membership.slots_grant(slots_file, workers)
+    return None
+
+
+def _stopped_below(source: str, count: int, workers: membership.WorkerRange) -> str:
+    return (
+        f"the {source} grants {count} worker(s), fewer than the "
+        f"{workers.minimum} the job needs (--workers {workers}); stopped the "
+        "job (its tasks saved at a step: run it again to resume)."
+    )
+
+
+def _source(hosts_file: str | None, slots_file: str | None) -> str:
+    return f"hosts file {hosts_file!r}" if hosts_file is not None else f"slots file {slots_file!r}"
+
+
+def _remote_commands(
+    placement: hosts_lib.Placement,
+    cluster: spec.ClusterSpec,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    shell: remote.RemoteShell,
+) -> Callable[[spec.TaskSpec], Sequence[str]]:
+    """Each task's local command: the remote shell running it on its host, with its TF_CONFIG."""
+    cwd = os.getcwd()
+    # The launcher tells the user, once, that remote tasks listen on every interface.
+    env = dict(env, **{isolation.NOTICE_GIVEN_ENV: "1"})
+
+    def command(task: spec.TaskSpec) -> Sequence[str]:
+        config = spec.ClusterConfig(cluster=cluster, task=task).to_json()
+        task_env = dict(env, **{tf_config.TF_CONFIG_ENV_VAR: config})
+        return shell.command(placement.host_of(task), argv, task_env, cwd=cwd)
+
+    return command
 
 
 def _is_lost(exit_code: int) -> bool:

@@ -138,6 +138,10 @@ class LocalJob:
         (this interpreter) is forked instead of started afresh: its start-up
         then costs a fork, not their import (`tfdist.launch.preload` says
         what else differs). `()` (the default) starts every task afresh.
+      relay_signals: Whether each task's command is a remote shell running
+        `tfdist.launch.remote_task` on another host (`remote.RemoteShell`):
+        signals other than SIGKILL are then written to its standard input
+        for the host end to deliver, not sent to the local process.
       stdout: Where task stdout lines go; `None` means `sys.stdout` at the
         time `run` starts.
       stderr: Where task stderr lines go; `None` means `sys.stderr`.
@@ -168,6 +172,7 @@ class LocalJob:
         worker_restarts: int = DEFAULT_WORKER_RESTARTS,
         isolate: bool | None = None,
         preload: Sequence[str] = (),
+        relay_signals: bool = False,
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
     ) -> None:
@@ -236,6 +241,7 @@ class LocalJob:
                 "preload=('tensorflow',)."
             )
         self._preload = tuple(preload)
+        self._relay_signals = bool(relay_signals)
         self._stdout = stdout
         self._stderr = stderr
         self._events: queue.SimpleQueue[process_lib.Event] = queue.SimpleQueue()
@@ -326,6 +332,7 @@ class LocalJob:
                     task_env,
                     network=network,
                     preload=self._preload,
+                    relay_signals=self._relay_signals,
                 )
             outcome, failed, signal_number = self._supervise(
                 tasks, deadline_s, output

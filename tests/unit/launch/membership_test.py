@@ -1,4 +1,4 @@
-"""Elastic local jobs: `--workers MIN:MAX`, a lost worker, a preempted task, a slots file.
+"""Elastic jobs: `--workers MIN:MAX`, a lost worker, a preempted task, a slots or hosts file.
 
 The tasks are `python -c` programs (tests/unit/launch/programs.py); what a
 real training script does on SIGTERM (save at a step, exit 143) is
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import threading
 import time
 
@@ -19,6 +20,7 @@ from tests.unit.launch import programs
 from tfdist import errors
 from tfdist.launch import job
 from tfdist.launch import membership
+from tfdist.launch import remote
 from tfdist.launch import restart
 
 #: Writes the attempt's worker count to argv[1]/workers-<n>, then runs the
@@ -37,8 +39,11 @@ _PRELUDE = (
 _SAVE_ON_SIGTERM = "signal.signal(signal.SIGTERM, lambda *_: os._exit(143))\n"
 
 
-def _run(body, workers, out, *, restarts=0, slots_file=None, shape=None):
+def _run(body, workers, out, *, restarts=0, slots_file=None, shape=None, hosts_file=None):
     err = io.StringIO()
+    hosts = {}
+    if hosts_file is not None:  # Tasks on "hosts", through a stand-in for ssh; they bind no port.
+        hosts = {"hosts_file": hosts_file, "remote_shell": remote.RemoteShell(programs.FAKE_RSH), "port": 23400}
     result = restart.run_local_job(
         programs.python(_PRELUDE + body, out),
         shape or job.JobShape(workers.maximum),
@@ -49,6 +54,7 @@ def _run(body, workers, out, *, restarts=0, slots_file=None, shape=None):
         slots_file=slots_file,
         stdout=io.StringIO(),
         stderr=err,
+        **hosts,
     )
     return result, err.getvalue()
 
@@ -97,7 +103,7 @@ class WorkerRangeTest(parameterized.TestCase):
             self.assertEqual(membership.read_slots(path), slots)
 
 
-class ElasticJobTest(absltest.TestCase):
+class ElasticJobTest(parameterized.TestCase):
     def test_a_lost_worker_leaves_the_job_one_worker_short(self):
         out = self.create_tempdir().full_path
         body = _ends_once("f'worker:{n - 1}'", 'os.kill(os.getpid(), signal.SIGKILL)')
@@ -151,11 +157,17 @@ class ElasticJobTest(absltest.TestCase):
         self.assertEqual(result.outcome, job.JobOutcome.FAILED)
         self.assertEqual(result.task_result(result.failed_task).exit_code, 143)
 
-    def test_the_slots_file_grows_the_job_at_a_stop_and_shrinks_it(self):
+    @parameterized.named_parameters(
+        ("slots_file", "slots_file", "{}", "asked for {}"),
+        # The tasks' SIGTERM crosses the remote shell: each exits 143, as a
+        # task saving at a step does, not killed (then taken for lost).
+        ("hosts_file", "hosts_file", "# the job's machines\n127.0.0.1 slots={}\n", "changed"),
+    )
+    def test_the_file_grows_the_job_at_a_stop_and_shrinks_it(self, kind, text, cause):
         out = self.create_tempdir().full_path
-        slots = os.path.join(out, "slots")
-        with open(slots, "w") as f:
-            f.write("1")
+        path = os.path.join(out, kind)
+        with open(path, "w") as f:
+            f.write(text.format(1))
         # Each attempt's tasks run until stopped; the third ends the job.
         body = _SAVE_ON_SIGTERM + (
             "open(os.path.join(out, f'ready-{n}-{name}'), 'w').close()\n"
@@ -164,23 +176,45 @@ class ElasticJobTest(absltest.TestCase):
             "time.sleep(60)\n"
         )
 
-        def change_slots():
+        def change_file():
             for count, ready in ((3, "ready-1-worker:0"), (2, "ready-3-worker:2")):
                 while not os.path.exists(os.path.join(out, ready)):
                     time.sleep(0.05)
                 if count == 2:
                     open(os.path.join(out, "shrunk"), "w").close()
-                with open(slots, "w") as f:
-                    f.write(str(count))
+                with open(path, "w") as f:
+                    f.write(text.format(count))
 
-        changer = threading.Thread(target=change_slots, daemon=True)
+        changer = threading.Thread(target=change_file, daemon=True)
         changer.start()
-        result, log = _run(body, membership.WorkerRange(1, 3), out, slots_file=slots)
+        result, log = _run(body, membership.WorkerRange(1, 3), out, **{kind: path})
         changer.join(timeout=1)
         self.assertTrue(result.succeeded, log)
         self.assertEqual(_attempts(out), [1, 2, 3])
-        self.assertIn("membership: 1 -> 3 worker(s): the slots file asked for 3", log)
-        self.assertIn("membership: 3 -> 2 worker(s): the slots file asked for 2", log)
+        source = kind.replace("_", " ")
+        self.assertIn(f"membership: 1 -> 3 worker(s): the {source} {path!r} {cause.format(3)}", log)
+        self.assertIn(f"membership: 3 -> 2 worker(s): the {source} {path!r} {cause.format(2)}", log)
+        if kind == "hosts_file":
+            self.assertIn(
+                "starting 3 task(s) on their hosts through "
+                f"{shlex.join(programs.FAKE_RSH)}: worker:0=127.0.0.1:23400, "
+                "worker:1=127.0.0.1:23401, worker:2=127.0.0.1:23402",
+                log,
+            )
+
+    def test_a_host_whose_worker_is_lost_is_left_out(self):
+        out = self.create_tempdir().full_path
+        hosts_file = os.path.join(out, "hosts")
+        with open(hosts_file, "w") as f:
+            f.write("127.0.0.1\nnode-lost\n")  # The stand-in for ssh cannot reach node-lost.
+        result, log = _run("pass\n", membership.WorkerRange(1, 2), out, restarts=1, hosts_file=hosts_file)
+        self.assertTrue(result.succeeded, log)
+        self.assertEqual(_attempts(out), [1])  # worker:1 never started.
+        self.assertIn(
+            "membership: 2 -> 1 worker(s): task worker:1 exited with code 255 (host node-lost is left "
+            "out until the hosts file drops it) (restart 1/1)",
+            log,
+        )
 
     def test_slots_below_the_minimum_stop_the_job_and_fail_it(self):
         out = self.create_tempdir().full_path
@@ -200,7 +234,7 @@ class ElasticJobTest(absltest.TestCase):
         threading.Thread(target=drop_slots, daemon=True).start()
         result, log = _run(body, membership.WorkerRange(2, 3), out, slots_file=slots)
         self.assertEqual(result.outcome, job.JobOutcome.FAILED)
-        self.assertIn("the slots file grants 1 worker(s), fewer than the 2 the job needs", log)
+        self.assertIn(f"the slots file {slots!r} grants 1 worker(s), fewer than the 2 the job needs", log)
         self.assertEqual({r.exit_code for r in result.tasks}, {143})
         self.assertIsInstance(result.error, errors.TooFewWorkersError)
         self.assertIsNone(result.error.task)

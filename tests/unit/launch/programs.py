@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import os
+import random
+import socket
 import sys
 import threading
 
@@ -72,6 +74,47 @@ FAIL_ONCE = (
     "    sys.exit(0)\n"
     "sys.exit(3)\n"
 )
+
+#: A stand-in for ssh, run as `FAKE_RSH + [host, command]`: on host
+#: 127.0.0.1 it runs `command` with /bin/sh here, in a login-like
+#: environment (HOME and a system PATH only; stdin, stdout, stderr and the
+#: exit status pass through, as over ssh); any other host is unreachable,
+#: and it exits 255 as ssh does.
+FAKE_RSH = (
+    sys.executable,
+    "-c",
+    "import os, sys\n"
+    "host, command = sys.argv[1], ' '.join(sys.argv[2:])\n"
+    "if host != '127.0.0.1':\n"
+    "    sys.stderr.write(f'ssh: connect to host {host} port 22: No route to host\\n')\n"
+    "    sys.exit(255)\n"
+    "login = {'HOME': os.environ.get('HOME', '/'), 'PATH': '/usr/bin:/bin'}\n"
+    "os.execve('/bin/sh', ['/bin/sh', '-c', command], login)\n",
+)
+
+
+def free_port_block(count: int) -> int:
+    """A port P such that P .. P+count-1 were all free on 127.0.0.1 (a hosts file's `--port`).
+
+    Like `make_local_cluster`'s ports, they may be taken again before a task
+    binds them; the kernel hands out ephemeral ports from the top of its
+    range, so a block picked below it is rarely contested.
+    """
+    for _ in range(100):
+        base = random.randrange(20000, 30000)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise AssertionError(f"found no {count} free consecutive ports on 127.0.0.1 in 100 tries")
 
 
 def local_cluster(num_workers: int, **kwargs: object) -> spec.ClusterSpec:

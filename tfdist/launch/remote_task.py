@@ -1,0 +1,105 @@
+"""The host end of a task started through a remote shell (`--hosts-file`).
+
+    ssh HOST 'python -m tfdist.launch.remote_task --cwd DIR --env TF_CONFIG=... -- python -u train.py'
+
+`tfdist-launch` runs that (`remote.RemoteShell` builds it) for each task on
+another host. On the host this module starts the command in `DIR`, with the
+host's environment plus each `--env NAME=VALUE`, in its own process group,
+and then relays what the launcher writes to its standard input, which the
+remote shell carries from the launcher's end of the connection:
+
+- a line holding a signal number (`remote.encode_signal`): that signal to the
+  command's process group, as `os.killpg` does for a local task;
+- the end of its input (the launcher killed the remote shell, or the
+  connection or the launcher is gone): SIGKILL to the group, so no task
+  outlives the launcher that supervises it.
+
+It exits with the command's status, or 128+N if a signal N ended it (the
+status a shell gives: the remote shell then passes it on, and the launcher
+reads a killed worker as lost). The command's output goes straight to the
+remote shell's. It imports nothing beyond Python's standard library, and
+nothing of tfdist imports it (`python -m` runs it as `__main__`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _relay(fd: int, group: int) -> None:
+    """Sends each signal read from `fd` to `group`; SIGKILL at its end."""
+    pending = b""
+    while chunk := os.read(fd, 4096):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            try:
+                signal_number = int(line)
+            except ValueError:
+                continue
+            try:
+                os.killpg(group, signal_number)
+            except OSError:  # Gone already, or not a signal.
+                pass
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the task; returns its exit status (128+N if killed by signal N).
+
+    Args:
+      argv: `--cwd DIR [--env NAME=VALUE ...] -- COMMAND [ARG ...]`; `None`
+        means `sys.argv[1:]`.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        sys.stderr.write("tfdist.launch.remote_task: no command after `--`\n")
+        return 2
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="python -m tfdist.launch.remote_task")
+    parser.add_argument("--cwd", required=True)
+    parser.add_argument("--env", action="append", default=[])
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1 :]
+    env = dict(os.environ)
+    for pair in args.env:
+        name, _, value = pair.partition("=")
+        env[name] = value
+    try:
+        child = subprocess.Popen(
+            command,
+            cwd=args.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as e:
+        sys.stderr.write(
+            f"tfdist.launch.remote_task: cannot start {command[0]!r} in "
+            f"{args.cwd!r} on {os.uname().nodename}: {e.strerror or e}\n"
+        )
+        return 127
+    threading.Thread(target=_relay, args=(0, child.pid), daemon=True).start()
+    code = child.wait()
+    try:  # What the task left behind in its group (it would hold the output open).
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # Not `sys.exit`: the relay thread may be reading.
