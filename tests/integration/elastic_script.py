@@ -33,7 +33,8 @@ MODE:
   `tfdist.ParameterServerStrategy()` in async mode, its steps queued on
   the one worker (each runs after the one before, as on one device, while
   the chief's loop runs ahead of them); the chief is the task that signals
-  itself or marks the point.
+  itself or marks the point. `_ps_sync`: the same in sync mode (each batch
+  split over the workers, however many: one device's update).
 
 A task stopped by a notice writes OUT_DIR/preempted-<task>.json: the epoch
 and step it saved at.
@@ -85,8 +86,10 @@ class CountIds(keras.layers.Layer):
     """
 
     def build(self, input_shape):
-        # Every replica assigns the same all-reduced total; Keras 3's
-        # aggregation="sum" would instead add the replicas' new values.
+        # Every replica adds the same all-reduced count, applied once; Keras
+        # 3's aggregation="sum" would add it once per replica. A sync
+        # parameter-server step's slices (one replica each, concurrent) each
+        # add their own: `assign_add` is atomic on the ps task.
         aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA if TF_KERAS else "only_first_replica"
         self.counts = self.add_weight(
             name="counts", shape=(NUM_EXAMPLES,), initializer="zeros", trainable=False,
@@ -101,7 +104,7 @@ class CountIds(keras.layers.Layer):
             context = tf.distribute.get_replica_context()
             if context is not None and context.num_replicas_in_sync > 1:
                 seen = context.all_reduce("sum", seen)
-            self.counts.assign(self.counts + seen)
+            self.counts.assign_add(seen)
         return inputs[:, 1:]
 
 
@@ -156,13 +159,15 @@ def main(mode: str, out_dir: str) -> None:
     mode = mode.removesuffix("_shard")
     on_mesh = mode.endswith("_mesh")
     mode = mode.removesuffix("_mesh")
+    ps_mode = "sync" if mode.endswith("_ps_sync") else "async"
+    mode = mode.removesuffix("_sync")
     on_ps = mode.endswith("_ps")
     mode = mode.removesuffix("_ps")
     save_on_loss = not mode.endswith("_keep_nothing")
     mode = mode.removesuffix("_keep_nothing")
     options = tfdist.data.ShardOptions(seed=7, shuffle=True) if shard else None
     if on_ps:
-        strategy = tfdist.ParameterServerStrategy(timeout_s=30)  # Serves on worker and ps tasks.
+        strategy = tfdist.ParameterServerStrategy(mode=ps_mode, timeout_s=30)  # Serves on worker and ps tasks.
         task, tasks = "chief", ["chief"]
     elif on_mesh:
         tfdist.simulate_cpu_devices(2)

@@ -210,7 +210,19 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
         stderr = self._grow(out_dir, hosts, "127.0.0.1 slots=2\n", "127.0.0.1 slots=3\n", command)
         self.assertIn(f"membership: 2 -> 3 worker(s): the hosts file {hosts!r} changed", stderr)
 
-    def _grow(self, out_dir, path, before, after, command):
+    # In `make test-all` (`extended`): the slots file's path, which a
+    # parameter-server job takes too; sync mode, whose update is one device's
+    # whatever the number of workers.
+    @pytest.mark.extended
+    def test_a_slot_added_grows_a_parameter_server_job_at_a_step(self):
+        out_dir = self.create_tempdir().full_path
+        slots = os.path.join(out_dir, "slots")
+        stderr = self._grow(out_dir, slots, "1", "2", _command(
+            out_dir, "wait_for_sigterm_ps_sync", "--chief", "--workers", "1:2", "--ps", "1",
+            "--slots-file", slots), reached=1, tasks="the chief")
+        self.assertIn(f"membership: 1 -> 2 worker(s): the slots file {slots!r} asked for 2", stderr)
+
+    def _grow(self, out_dir, path, before, after, command, reached=2, tasks="all 3 chief/worker task(s)"):
         """Runs `command` with `before` in `path`, writes `after` once 2 workers run; returns its stderr."""
         with open(path, "w") as f:
             f.write(before)
@@ -218,14 +230,14 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
             command, env=fault_lib.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         try:
-            _wait_for(out_dir, "reached-", 2, launcher)
+            _wait_for(out_dir, "reached-", reached, launcher)
             with open(path, "w") as f:
                 f.write(after)
             _, stderr = launcher.communicate(timeout=fault_lib.JOB_LIMIT_S)
         finally:
             launcher.kill()
         self.assertEqual(launcher.returncode, 0, stderr[-5000:])
-        self.assertIn("all 3 chief/worker task(s) exited 0", stderr)
+        self.assertIn(f"{tasks} exited 0", stderr)
         self.assertLen(self.saved_positions(out_dir), 1)
         self.assert_each_example_once_per_epoch(out_dir)
         self.assert_equals_uninterrupted(out_dir)

@@ -65,9 +65,10 @@ multi-worker jobs (no --ps): the job succeeds when every chief/worker task
 exits 0; an evaluator still running is then stopped. When a task exits
 non-zero the others are stopped and the job fails.
 
-elastic multi-worker jobs (--workers MIN:MAX, or --slots-file): the job
+elastic jobs (--workers MIN:MAX, --slots-file or --hosts-file): the job
 starts MAX workers (at most the slots file's count) and goes on with fewer
-when one is lost, down to MIN (each loss uses one of --restarts); a task that
+when one is lost, down to MIN (each loss uses one of --restarts; in a
+parameter-server job, a worker past its --worker-restarts); a task that
 exits 143 (tfdist.elastic saved it at a step after SIGTERM) is relaunched
 without using a restart; a change of the slots file's count stops the tasks
 at a step (SIGTERM) and relaunches with the new count. Scripts resume with
@@ -79,8 +80,7 @@ on several hosts (--hosts-file): each task runs on a host the file lists
 PATH, PYTHONPATH, PYTHONUNBUFFERED, VIRTUAL_ENV and the --env names set from
 this process; signals are relayed to it over the connection. Every host needs
 this Python at the same path with tfdist, and this directory. The k-th task on
-a host listens on --port + k. In a multi-worker job the file is re-read as a
-slots file is: when the hosts the tasks would run on change, the tasks are
+a host listens on --port + k. The file is re-read as a slots file is: when the hosts the tasks would run on change, the tasks are
 stopped at a step and relaunched there; a host whose worker is lost is left
 out until the file drops it.
 
@@ -314,8 +314,8 @@ def _build_parser(out: TextIO) -> _Parser:
         "--hosts-file",
         metavar="PATH",
         help="run the tasks on the hosts this file lists (HOST slots=N per "
-        "line) through --rsh, instead of on this machine; re-read while a "
-        "multi-worker job runs",
+        "line) through --rsh, instead of on this machine; re-read while the "
+        "job runs",
     )
     run.add_argument(
         "--rsh",

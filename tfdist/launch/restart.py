@@ -16,9 +16,11 @@ In a parameter-server job (`shape.kind`) a worker that dies is first
 restarted alone, inside the attempt (`LocalJob`, `worker_restarts`); only a
 failure of the job itself relaunches all tasks.
 
-Elastic multi-worker jobs (`min_workers` below `shape.num_workers`, or a
-`slots_file` or `hosts_file`; `membership`) change the number of workers
-between attempts:
+Elastic jobs (`min_workers` below `shape.num_workers`, or a `slots_file` or
+`hosts_file`; `membership`) change the number of workers between attempts,
+multi-worker and parameter-server jobs alike (the chief, ps and evaluator
+tasks stay; a parameter-server worker is lost only once it has used its
+`worker_restarts`):
 
     attempt ends                         next attempt
     a task exited 143 (preempted,        the same workers; no restart used
@@ -159,13 +161,13 @@ def run_local_job(
         starts each task as a fresh process.
       min_workers: Elastic jobs: the fewest workers the job may run on
         (`shape.num_workers` is the most); None: exactly
-        `shape.num_workers`. Multi-worker jobs only.
+        `shape.num_workers`.
       slots_file: Elastic jobs: a file holding how many worker slots the
         job may use now, re-read while it runs (see `membership`); None:
         the count changes only when a worker is lost.
       hosts_file: Runs the tasks on the hosts this file lists
-        (`hosts.HostsFile`: `HOST slots=N` lines, re-read while a
-        multi-worker job runs, like `slots_file`) through `remote_shell`,
+        (`hosts.HostsFile`: `HOST slots=N` lines, re-read while the job
+        runs, like `slots_file`) through `remote_shell`,
         instead of on this machine; a host whose worker was lost is left
         out. None: every task runs here, on 127.0.0.1.
       remote_shell: With `hosts_file`: how a task is started on its host;
@@ -186,10 +188,10 @@ def run_local_job(
       TypeError: If an argument has the wrong type.
       LauncherError: If `restarts` or `worker_restarts` is out of range, the
         command is empty, a parameter-server job has no chief, a task
-        cannot be started, `isolate=True` but the OS does not allow it, or
-        `min_workers`/`slots_file` are given for a parameter-server job or
-        `min_workers` is out of range, or the hosts file cannot be read,
-        is malformed, or lacks the slots for the job.
+        cannot be started, `isolate=True` but the OS does not allow it,
+        `min_workers` is out of range, or the slots or hosts file grants
+        fewer than `min_workers` at the start, or the hosts file cannot be
+        read or is malformed.
       ConfigError: If `timeout_s` or `grace_period_s` is not positive.
 
     Example:
@@ -210,7 +212,7 @@ def run_local_job(
     if timeout_s is not None:
         timeout_s = validation.check_positive_number("timeout_s", timeout_s)
     validation.check_positive_number("grace_period_s", grace_period_s)
-    workers = _worker_range(shape, min_workers, slots_file)
+    workers = _worker_range(shape, min_workers)
     if hosts_file is not None and slots_file is not None:
         raise errors.LauncherError(
             f"a job takes its workers' count from a slots file or a hosts "
@@ -320,7 +322,7 @@ def run_local_job(
                 )
                 change = None
             watcher = None
-            if hosts is not None and placement is not None and not shape.num_ps:
+            if hosts is not None and placement is not None:
                 watcher = membership.GrantWatcher(
                     hosts.grant,
                     current=placement.hosts,
@@ -381,7 +383,7 @@ def run_local_job(
                 else None
             )
             if failed is not None and failed.exit_code == errors.PREEMPTED_EXIT_CODE and (
-                workers.is_elastic or (granted is not None and not shape.num_ps)
+                workers.is_elastic or granted is not None
             ):
                 cause = f"task {failed.task.name} was preempted (saved at a step, exit 143)"
                 change = _Change(num_workers, cause, ended_s)
@@ -494,21 +496,9 @@ class _Change:
     at_s: float
 
 
-def _worker_range(
-    shape: job.JobShape, min_workers: int | None, slots_file: str | None
-) -> membership.WorkerRange:
-    """The job's worker range; refuses elastic settings a job cannot take."""
+def _worker_range(shape: job.JobShape, min_workers: int | None) -> membership.WorkerRange:
+    """The job's worker range."""
     if min_workers is None:
-        workers = membership.WorkerRange(shape.num_workers, shape.num_workers)
-    else:
-        validation.check_positive_int("min_workers", min_workers, error=errors.LauncherError)
-        workers = membership.WorkerRange(min_workers, shape.num_workers)
-    if (workers.is_elastic or slots_file is not None) and shape.num_ps:
-        raise errors.LauncherError(
-            f"a parameter-server job (num_ps={shape.num_ps}) has a fixed "
-            f"set of workers; received --workers {workers}"
-            + (f" and a slots file {slots_file!r}" if slots_file else "")
-            + ". Its lost workers are restarted alone (--worker-restarts); "
-            "drop the range, or drop --ps for an elastic multi-worker job."
-        )
-    return workers
+        return membership.WorkerRange(shape.num_workers, shape.num_workers)
+    validation.check_positive_int("min_workers", min_workers, error=errors.LauncherError)
+    return membership.WorkerRange(min_workers, shape.num_workers)

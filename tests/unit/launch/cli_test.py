@@ -335,11 +335,6 @@ class BadArgumentsTest(parameterized.TestCase):
             r"--slots-file 's' only applies to jobs this launcher runs",
         ),
         (
-            "worker_range_with_ps",
-            ["--workers", "1:2", "--ps", "1", "--chief", "--", "x"],
-            r"parameter-server job \(num_ps=1\) has a fixed set of workers; received --workers 1:2",
-        ),
-        (
             "negative_ps",
             ["--workers", "1", "--ps", "-1", "--", "x"],
             r"expected an integer >= 0, received --ps '-1'",

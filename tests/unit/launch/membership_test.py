@@ -255,15 +255,37 @@ class ElasticJobTest(parameterized.TestCase):
         self.assertEqual(_attempts(out), [3])
         self.assertIn("restart 1/1: task worker:2 exited with code 3", log)
 
-    def test_a_parameter_server_job_refuses_a_range(self):
-        with self.assertRaisesRegex(errors.LauncherError, r"num_ps=1.*--workers 1:2.*--worker-restarts"):
-            restart.run_local_job(
-                programs.python("pass"),
-                job.JobShape(2, num_ps=1, has_chief=True),
-                env={},
-                min_workers=1,
-            )
+    def test_a_parameter_server_job_grows_with_its_slots_file(self):
+        # The chief, ps and evaluator stay; the slots are the workers'.
+        out = self.create_tempdir().full_path
+        slots = os.path.join(out, "slots")
+        with open(slots, "w") as f:
+            f.write("1")
+        body = _SAVE_ON_SIGTERM + (
+            "if name == 'chief:0' and first:\n"
+            "    open(os.path.join(out, 'ready'), 'w').close()\n"
+            "if name == 'chief:0' and not first:\n"
+            "    sys.exit(0)\n"
+            "time.sleep(60)\n"
+        )
 
+        def grow():
+            while not os.path.exists(os.path.join(out, "ready")):
+                time.sleep(0.05)
+            open(os.path.join(out, "done"), "w").close()
+            with open(slots, "w") as f:
+                f.write("2")
+
+        threading.Thread(target=grow, daemon=True).start()
+        result, log = _run(
+            body, membership.WorkerRange(1, 3), out, slots_file=slots,
+            shape=job.JobShape(3, num_ps=1, has_chief=True),
+        )
+        self.assertTrue(result.succeeded, log)
+        self.assertEqual(_attempts(out), [1, 2])
+        self.assertIn(f"membership: 1 -> 2 worker(s): the slots file {slots!r} asked for 2", log)
+        self.assertIn("chief:0=127.0.0.1:", log)
+        self.assertEqual({r.task.name for r in result.tasks}, {"chief:0", "worker:0", "worker:1", "ps:0"})
 
 if __name__ == "__main__":
     absltest.main()
