@@ -33,7 +33,8 @@ MODE:
   `tfdist.ParameterServerStrategy()` in async mode, its steps queued on
   the one worker (each runs after the one before, as on one device, while
   the chief's loop runs ahead of them); the chief is the task that signals
-  itself or marks the point. `_ps_sync`: the same in sync mode (each batch
+  itself or marks the point; every task writes its pid to
+  OUT_DIR/pid-<type>-<index> first. `_ps_sync`: the same in sync mode (each batch
   split over the workers, however many: one device's update).
 
 A task stopped by a notice writes OUT_DIR/preempted-<task>.json: the epoch
@@ -167,6 +168,10 @@ def main(mode: str, out_dir: str) -> None:
     mode = mode.removesuffix("_keep_nothing")
     options = tfdist.data.ShardOptions(seed=7, shuffle=True) if shard else None
     if on_ps:
+        # The test signals a serving task by this pid (its strategy never returns).
+        this = json.loads(os.environ["TF_CONFIG"])["task"]
+        with open(os.path.join(out_dir, f"pid-{this['type']}-{this['index']}"), "w") as f:
+            f.write(str(os.getpid()))
         strategy = tfdist.ParameterServerStrategy(mode=ps_mode, timeout_s=30)  # Serves on worker and ps tasks.
         task, tasks = "chief", ["chief"]
     elif on_mesh:

@@ -131,6 +131,32 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
     def test_sigterm_to_the_launcher_exits_143_and_a_rerun_resumes_at_the_step_parameter_server(self):
         self.check_sigterm_to_the_launcher("wait_for_sigterm_ps", _PS_JOB, _PS_JOB)
 
+    # A notice to the ps task alone (Kubernetes evicting its pod): the ps
+    # serves on and posts it, the chief finds it at a step end, saves there
+    # and exits 143; the restart resumes at that step. Without the post the
+    # ps would serve on unnoticed, the chief would finish, nothing saved.
+    def test_sigterm_to_a_ps_task_alone_stops_the_chief_at_a_step_and_the_restart_resumes_there(self):
+        out_dir = self.create_tempdir().full_path
+        launcher = subprocess.Popen(
+            _command(out_dir, "wait_for_sigterm_ps", *_PS_JOB, "--restarts", "1"), env=fault_lib.env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            _wait_for(out_dir, "reached-", 1, launcher)
+            with open(os.path.join(out_dir, "pid-ps-0")) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+            _, stderr = launcher.communicate(timeout=fault_lib.JOB_LIMIT_S)
+        finally:
+            launcher.kill()
+        self.assertEqual(launcher.returncode, 0, stderr[-5000:])
+        self.assertIn("task ps:0 received a preemption notice; the chief stops at this step", stderr)
+        self.assertIn("restart 1/1: task chief:0 exited with code 143", stderr)
+        ((epoch, step),) = self.saved_positions(out_dir)
+        self.assertEqual(epoch, job.SIGNAL_EPOCH)
+        self.assertGreater(step, job.SIGNAL_STEP)
+        self.assert_each_example_once_per_epoch(out_dir)
+        self.assert_equals_uninterrupted(out_dir)
+
     # In `make test-all` (`extended`): `make test` takes its paths in the
     # tests above and below (the launcher's SIGTERM to every task, the
     # agreement across workers, a resume on another number of workers).

@@ -22,7 +22,9 @@ from absl.testing import absltest
 import tfdist
 from tests import forked_script
 from tests.integration import serving_task_script
+from tfdist.cluster import tf_config as tf_config_lib
 from tfdist.launch import ports
+from tfdist.parameter_server import serving_notice
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -62,6 +64,8 @@ class ServingTaskSigtermTest(absltest.TestCase):
             "cluster": {"chief": [chief], "worker": [ports.free_local_address()], "ps": [self.ps]},
             "task": {"type": "ps", "index": 0},
         }
+        config = tf_config_lib.parse_tf_config(tf_config)
+        self.notice = serving_notice.path(config, config.task)
         env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_NUM_INTRAOP_THREADS="1")
         self.task = forked_script.ForkedScript(
             [sys.executable, "-u", SCRIPT], env, cwd=os.getcwd(), keep_stdout=False)
@@ -74,13 +78,17 @@ class ServingTaskSigtermTest(absltest.TestCase):
             time.sleep(0.1)
 
     def test_sigterm_serves_on_while_the_chief_is_there_then_exits_143(self):
+        self.assertFalse(os.path.exists(self.notice))
         os.kill(self.task.pid, signal.SIGTERM)
         time.sleep(_SERVES_ON_S)
         self.assertIsNone(self.task.returncode, self.task.stderr[-3000:])
         self.assertTrue(_accepts(self.ps))
+        # Posted where the chief's Elastic looks (serving_notice), on this host.
+        self.assertTrue(os.path.exists(self.notice))
         self.chief.close()  # The chief has exited.
         self.assertEqual(self.task.wait(_BOUND_S), tfdist.errors.PREEMPTED_EXIT_CODE)
         self.assertIn("task ps:0 received SIGTERM; it serves until the chief has exited", self.task.stderr)
+        self.assertFalse(os.path.exists(self.notice))  # The next job on these ports starts clean.
 
     def test_a_second_sigterm_exits_143_at_once(self):
         os.kill(self.task.pid, signal.SIGTERM)

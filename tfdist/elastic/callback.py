@@ -17,7 +17,10 @@ What one `fit` does with it (every task of the job alike):
    exits the process with status 143. A stop that falls on an epoch's
    last step commits at the epoch's end (after validation) and raises when
    the next epoch begins, so every callback sees the epoch end; in the
-   last epoch it does not raise (training is complete).
+   last epoch it does not raise (training is complete). A parameter-server
+   chief also takes a notice that reached a ps task alone, which that task
+   posts where the chief looks every `SERVING_NOTICE_POLL_S`
+   (`tfdist.parameter_server.serving_notice`).
 3. Every epoch end: commit (with `save_freq="epoch"`).
 4. `on_train_end`: remove the SIGTERM handler; delete the backup (unless
    `delete_on_completion=False`), as Keras's `BackupAndRestore` does.
@@ -61,7 +64,12 @@ from tfdist.elastic import notice as notice_lib
 from tfdist.elastic import training_state
 from tfdist.parameter_server import keras_loop
 
-__all__ = ["Elastic"]
+__all__ = ["Elastic", "SERVING_NOTICE_POLL_S"]
+
+#: How often a parameter-server chief looks, at a step end, for a notice that
+#: reached one of its ps tasks alone (one remote op per ps task, ~2-3 ms).
+SERVING_NOTICE_POLL_S = 0.5
+
 
 class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
     """Saves at a step on preemption (SIGTERM) and resumes from that step.
@@ -172,6 +180,10 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._last_step: last_step_lib.LastStep | None = None
         self._fit_thread: int | None = None
         self._remove_error_hook: Any = None
+        # A parameter-server chief's view of its ps tasks' notices, and when
+        # to look next.
+        self._serving_notices: Any = None
+        self._next_notice_poll_s = 0.0
 
     @property
     def preemption_requested(self) -> bool:
@@ -210,6 +222,8 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if position is not None:
             self._resume(position, time.monotonic() - started)
         self._keep_last_step(strategy)
+        self._serving_notices = _serving_notices_for(strategy)
+        self._next_notice_poll_s = 0.0
         self._notice.install()
         self._agreement.start()
 
@@ -247,6 +261,7 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if self._keeps_last_step:
             self._keep(done)
         self._end_resumed_epoch(done)
+        self._poll_serving_notices()
         if self._stop_at_epoch_end or not self._agreement.should_stop(
             self._steps_done, self._notice.requested
         ):
@@ -344,6 +359,20 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
             position.step,
         )
 
+    def _poll_serving_notices(self) -> None:
+        """A parameter-server chief: takes a ps task's notice as its own (every `SERVING_NOTICE_POLL_S`)."""
+        now = time.monotonic()
+        if self._serving_notices is None or self._notice.requested or now < self._next_notice_poll_s:
+            return
+        self._next_notice_poll_s = now + SERVING_NOTICE_POLL_S
+        task = self._serving_notices.poll()
+        if task is not None:
+            logging.warning(
+                "tfdist.elastic: task %s received a preemption notice; the chief "
+                "stops at this step and saves.", task,
+            )
+            self._notice.request()
+
     def _keep_last_step(self, strategy: Any) -> None:
         """Starts keeping each step's state if this fit can save it after a loss (`save_on_loss`)."""
         self._stop_keeping()  # A fit that raised elsewhere than in a step left its hook.
@@ -426,6 +455,18 @@ class Elastic(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if self._resume_armed:
             self._resume_armed = False
             resume.disarm()
+
+
+def _serving_notices_for(strategy: Any) -> Any:
+    """A `serving_notice.Watch` for tfdist's parameter-server strategy on its chief; else None."""
+    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        return None
+    from tfdist.parameter_server import serving_notice
+
+    config = getattr(strategy, "cluster_config", None)
+    if config is None or config.cluster is None or config.task is None:
+        return None
+    return serving_notice.Watch(config)
 
 
 def _check_parameter_server(strategy: Any) -> None:

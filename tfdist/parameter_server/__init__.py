@@ -5,6 +5,8 @@ Modules, one job each:
 - `strategy`: the strategy class (imported by `tfdist.ParameterServerStrategy`);
 - `roles`: what each TF_CONFIG task does (the chief trains; workers and ps
   tasks serve), start-up bounded.
+- `serving_notice`: a ps task's SIGTERM posted on its host, where the
+  chief's `Elastic` finds it with a remote op.
 - `scheduler`: `StepScheduler`, steps queued on free workers with every
   wait of the chief bounded.
 - `async_runner`: asynchronous steps (each applied when it arrives).

@@ -31,6 +31,7 @@ from absl import logging
 
 from tfdist import errors
 from tfdist.cluster import ClusterConfig
+from tfdist.parameter_server import serving_notice
 from tfdist.watchdog import startup
 
 __all__ = [
@@ -119,8 +120,10 @@ def serve(config: ClusterConfig) -> NoReturn:
     `errors.PREEMPTED_EXIT_CODE` (143). A chief stopped by the same notice
     (`tfdist.elastic.Elastic`) thus finishes its steps in flight and saves
     from the ps tasks before they go; the launcher's (or Kubernetes')
-    grace period bounds the wait. A second SIGTERM exits at once. SIGINT
-    raises `KeyboardInterrupt` here.
+    grace period bounds the wait. A ps task also posts its notice where the
+    chief's `Elastic` polls for it (`serving_notice`): a SIGTERM to that ps
+    task alone stops the chief at a step too. A second SIGTERM exits at
+    once. SIGINT raises `KeyboardInterrupt` here.
 
     Raises:
       ClusterConfigError: If this task's address is already in use.
@@ -151,20 +154,32 @@ def serve(config: ClusterConfig) -> NoReturn:
     if threading.current_thread() is not threading.main_thread():
         while True:  # Signals reach the main thread only: served until the process ends.
             time.sleep(3600)
+    is_ps = config.task.task_type == "ps"
+    if is_ps:
+        serving_notice.clear(config)  # One a task killed earlier left.
     try:
         signal.signal(signal.SIGTERM, _notice)
         while True:  # A Python loop, not server.join(): signals still work.
             time.sleep(3600)
     except _Notice:
         pass
-    signal.signal(signal.SIGTERM, _exit_now)
+    cleanup = (lambda: serving_notice.clear(config)) if is_ps else (lambda: None)
+    signal.signal(signal.SIGTERM, lambda *_: _exit_now(cleanup))
+    if is_ps:  # The chief's Elastic polls for it, stops at a step and saves.
+        try:
+            serving_notice.post(config)
+        except OSError as e:
+            logging.error(
+                "tfdist: task %s could not tell the chief of its notice (%s); the "
+                "chief saves only if it gets one too.", config.task.name, e,
+            )
     logging.warning(
         "tfdist: task %s received SIGTERM; it serves until the chief has exited, "
         "then exits %d.", config.task.name, errors.PREEMPTED_EXIT_CODE,
     )
     while not startup.unreachable_peers(config, jobs=("chief",)):
         time.sleep(_POLL_INTERVAL_S)
-    _exit_now()
+    _exit_now(cleanup)
 
 
 class _Notice(Exception):
@@ -176,9 +191,12 @@ def _notice(signal_number: int, frame: Any) -> NoReturn:
     raise _Notice
 
 
-def _exit_now(*unused: Any) -> NoReturn:
-    """Exits 143 at once: a serving task holds nothing to save or tear down."""
-    del unused
+def _exit_now(cleanup: Any) -> NoReturn:
+    """Runs `cleanup`, then exits 143 at once: a serving task holds nothing to save or tear down."""
+    try:
+        cleanup()
+    except OSError:
+        pass
     logging.flush()
     sys.stdout.flush()
     sys.stderr.flush()
