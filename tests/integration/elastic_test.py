@@ -127,7 +127,12 @@ class ElasticJobTest(tf.test.TestCase, parameterized.TestCase):
         self.assert_equals_uninterrupted(out_dir, tf_keras)
 
     # A parameter-server job's worker and ps tasks get the launcher's SIGTERM
-    # too, and must serve until the chief has saved from them.
+    # too, and must serve until the chief has saved from them. In `make
+    # test-all` (`extended`): `make test` takes its paths in the test below
+    # (a ps task serving on after SIGTERM until the chief has saved), in
+    # serving_task_test (a worker or ps task's serve-on) and in the
+    # multi-worker tests of the launcher's SIGTERM.
+    @pytest.mark.extended
     def test_sigterm_to_the_launcher_exits_143_and_a_rerun_resumes_at_the_step_parameter_server(self):
         self.check_sigterm_to_the_launcher("wait_for_sigterm_ps", _PS_JOB, _PS_JOB)
 
