@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from typing import Any
 
 from tfdist.cluster import ClusterConfig
@@ -51,19 +52,31 @@ def post(config: ClusterConfig) -> None:
     """
     assert config.task is not None
     target = path(config, config.task)
-    scratch = f"{target}.{os.getpid()}.tmp"
-    with open(scratch, "w") as f:
-        f.write(f"{os.getpid()}\n")
-    os.replace(scratch, target)
+    # A fresh file of its own (O_EXCL, mode 0600), never a name someone else
+    # may have placed in the shared directory; the rename replaces whatever
+    # is at `target` (a link too) without following it.
+    fd, scratch = tempfile.mkstemp(prefix=".tfdist-notice-", dir=NOTICE_DIR)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(scratch, target)
+    except OSError:
+        _remove(scratch)
+        raise
 
 
 def clear(config: ClusterConfig) -> None:
     """Removes this task's notice file, if any."""
     assert config.task is not None
+    _remove(path(config, config.task))
+
+
+def _remove(name: str) -> None:
     try:
-        os.remove(path(config, config.task))
+        os.remove(name)
     except FileNotFoundError:
         pass
+
 
 
 class Watch:
