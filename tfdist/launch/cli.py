@@ -76,7 +76,7 @@ tfdist.elastic.Elastic.
 
 on several hosts (--hosts-file): each task runs on a host the file lists
 (`HOST slots=N` per line, as in MPI and Horovod hostfiles), started through
---rsh (default `ssh -o BatchMode=yes`) in this directory, with TF_CONFIG,
+--rsh (default `ssh -T -o BatchMode=yes`) in this directory, with TF_CONFIG,
 PATH, PYTHONPATH, PYTHONUNBUFFERED, VIRTUAL_ENV and the --env names set from
 this process; signals are relayed to it over the connection. Every host needs
 this Python at the same path with tfdist, and this directory. The k-th task on
@@ -203,7 +203,7 @@ def _rsh_type(text: str) -> tuple[str, ...]:
     if not argv:
         raise argparse.ArgumentTypeError(
             f"expected a remote shell command, received --rsh {text!r}. Pass "
-            "e.g. --rsh 'ssh -o BatchMode=yes -p 2200'"
+            "e.g. --rsh 'ssh -T -o BatchMode=yes -p 2200'"
         )
     return argv
 

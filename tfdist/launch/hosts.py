@@ -77,6 +77,11 @@ def parse_hosts(text: str, source: str = "<hosts>") -> tuple[Host, ...]:
             )
         slots = int(match["colon"] or match["slots"] or 1)
         name = match["host"]
+        if name.startswith("-"):  # A remote shell would take it for an option.
+            raise errors.LauncherError(
+                f"{where}: host {name!r} starts with '-'; expected a host name "
+                "or address (RFC 1123 names start with a letter or digit)."
+            )
         try:
             spec.Address(name, 1)
         except errors.ClusterConfigError as e:
@@ -142,7 +147,7 @@ class Placement:
 def worker_slots(hosts: Sequence[Host], shape: job.JobShape, left_out: frozenset[str] = frozenset()) -> int:
     """How many workers `hosts` have room for beside `shape`'s other tasks (chief, ps, evaluator)."""
     slots = sum(h.slots for h in hosts if h.name not in left_out)
-    return slots - (shape.num_tasks - shape.num_workers)
+    return max(0, slots - (shape.num_tasks - shape.num_workers))
 
 
 def place(
@@ -218,11 +223,10 @@ class HostsFile:
         return self._left_out
 
     def refresh(self) -> None:
-        """Re-reads the file; an unreadable or malformed one leaves the last list."""
-        try:
-            self._list(read_hosts_file(self.path))
-        except errors.LauncherError:
-            pass
+        """Re-reads the file; an unreadable, malformed or empty one leaves the last list."""
+        hosts = self._read()
+        if hosts is not None:
+            self._list(hosts)
 
     def workers(self) -> int:
         """How many workers the listed hosts (less the left out) run: at most the shape's."""
@@ -240,16 +244,24 @@ class HostsFile:
     def grant(self) -> tuple[str, ...] | None:
         """Where the tasks would run now (`Placement.hosts`), read afresh; `()` if nowhere.
 
-        None if the file cannot be read or parsed (being rewritten).
+        None if the file cannot be read or parsed, or lists no host (a file
+        being rewritten in place: `>` empties it first).
         """
-        try:
-            self._list(read_hosts_file(self.path))
-        except errors.LauncherError:
+        hosts = self._read()
+        if hosts is None:
             return None
+        self._list(hosts)
         num_workers = self.workers()
         if num_workers < 1:
             return ()
         return self.placement(num_workers).hosts
+
+    def _read(self) -> tuple[Host, ...] | None:
+        try:
+            hosts = read_hosts_file(self.path)
+        except errors.LauncherError:
+            return None
+        return hosts or None
 
     def _list(self, hosts: tuple[Host, ...]) -> None:
         self.hosts = hosts

@@ -24,6 +24,7 @@ This module imports nothing from TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +33,7 @@ from tfdist import errors
 
 __all__ = ["POLL_S", "GrantWatcher", "WorkerRange", "read_slots", "slots_grant"]
 
-#: How often a `SlotsWatcher` re-reads its file, in seconds.
+#: How often a `GrantWatcher` re-reads its source, in seconds.
 POLL_S = 0.5
 
 
@@ -148,7 +149,11 @@ class GrantWatcher:
 
     def _run(self) -> None:
         while not self._stopped.wait(POLL_S):
-            grant = self._read()
+            try:
+                grant = self._read()
+            except Exception as e:  # noqa: BLE001 - a source that fails grants nothing new.
+                sys.stderr.write(f"tfdist-launch: could not read the job's slots: {e}\n")
+                continue
             if grant is not None and grant != self._current:
                 self.target = grant
                 self._on_change(grant)

@@ -1,17 +1,18 @@
 """Starting a task on another host through a remote shell (`--hosts-file`).
 
-    shell = RemoteShell()                                  # ssh -o BatchMode=yes
+    shell = RemoteShell()                                  # ssh -T -o BatchMode=yes
     argv = shell.command("10.0.0.2", ["python", "-u", "train.py"],
-                         {"TF_CONFIG": "..."})
-    # ['ssh', '-o', 'BatchMode=yes', '10.0.0.2', 'cd ... && exec python3 -m
-    #  tfdist.launch.remote_task --cwd ... --env TF_CONFIG=... -- python -u train.py']
+                         {"TF_CONFIG": "..."}, cwd="/shared/job")
+    # ['ssh', '-T', '-o', 'BatchMode=yes', '10.0.0.2', '/usr/bin/python3 -m
+    #  tfdist.launch.remote_task --cwd /shared/job --env TF_CONFIG=... -- python -u train.py']
 
 The launcher runs `argv` as a local process, the task's stand-in: the remote
 shell runs `tfdist.launch.remote_task` on the host, which starts the command
 and relays the signals the launcher writes to the remote shell's standard
 input (`encode_signal`); the remote shell's exit status is the
 task's (128+N if signal N ended it; ssh's own 255 when the host cannot be
-reached or the connection drops, which the launcher reads as a lost task).
+reached, the connection drops or the task died of a signal: the launcher
+reads each as a lost task).
 
 What every host must have, as with MPI and Horovod: the same Python
 interpreter path as the launcher's (`sys.executable`, or `python`), tfdist
@@ -35,9 +36,9 @@ from tfdist import errors
 
 __all__ = ["DEFAULT_RSH", "FORWARDED_ENV", "RemoteShell", "encode_signal"]
 
-#: The remote shell `--rsh` defaults to: fails at once where a password
-#: would be asked.
-DEFAULT_RSH = ("ssh", "-o", "BatchMode=yes")
+#: The remote shell `--rsh` defaults to: no terminal (a hang-up would not
+#: relay), and failing at once where a password would be asked.
+DEFAULT_RSH = ("ssh", "-T", "-o", "BatchMode=yes")
 
 #: Variables of the launcher's environment every remote task gets (when set).
 FORWARDED_ENV = ("PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "VIRTUAL_ENV")
@@ -77,7 +78,7 @@ class RemoteShell:
         if isinstance(rsh, str) or not rsh or not all(isinstance(a, str) and a for a in rsh):
             raise errors.LauncherError(
                 f"rsh must be a non-empty sequence of arguments; received "
-                f"rsh={rsh!r}. Pass e.g. --rsh 'ssh -o BatchMode=yes'."
+                f"rsh={rsh!r}. Pass e.g. --rsh 'ssh -T -o BatchMode=yes'."
             )
         bad = [n for n in forward_env if not (isinstance(n, str) and n.isidentifier())]
         if bad:

@@ -14,9 +14,13 @@ remote shell carries from the launcher's end of the connection:
   connection or the launcher is gone): SIGKILL to the group, so no task
   outlives the launcher that supervises it.
 
-It exits with the command's status, or 128+N if a signal N ended it (the
-status a shell gives: the remote shell then passes it on, and the launcher
-reads a killed worker as lost). The command's output goes straight to the
+It exits with the command's status; a command ended by signal N ends it by
+signal N too (the remote shell reports that as ssh does, 255, and the
+launcher reads the worker as lost), so a task killed by SIGTERM is not
+taken for one that saved and exited 143. SIGTERM, SIGHUP or SIGINT sent to
+this process itself (a tty's hang-up, someone on the host) kill the
+command's group first, and on Linux the command dies with this process
+whatever kills it (`PR_SET_PDEATHSIG`). The command's output goes straight to the
 remote shell's. It imports nothing beyond Python's standard library, and
 nothing of tfdist imports it (`python -m` runs it as `__main__`).
 """
@@ -35,19 +39,35 @@ __all__ = ["main"]
 
 
 def _relay(fd: int, group: int) -> None:
-    """Sends each signal read from `fd` to `group`; SIGKILL at its end."""
+    """Sends each signal read from `fd` to `group`; SIGKILL at its end (or a read error)."""
     pending = b""
-    while chunk := os.read(fd, 4096):
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            try:
-                signal_number = int(line)
-            except ValueError:
-                continue
-            try:
-                os.killpg(group, signal_number)
-            except OSError:  # Gone already, or not a signal.
-                pass
+    try:
+        while chunk := os.read(fd, 4096):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                try:
+                    signal_number = int(line)
+                except ValueError:
+                    continue
+                try:
+                    os.killpg(group, signal_number)
+                except OSError:  # Gone already, or not a signal.
+                    pass
+    finally:
+        _kill_group(group)
+
+
+def _die_with_parent() -> None:
+    """In the task, before exec: on Linux, SIGKILL when this host end dies, however it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # Not Linux: the relay's kill at the end of input still holds.
+
+
+def _kill_group(group: int) -> None:
     try:
         os.killpg(group, signal.SIGKILL)
     except OSError:
@@ -55,7 +75,7 @@ def _relay(fd: int, group: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the task; returns its exit status (128+N if killed by signal N).
+    """Runs the task; returns its exit status (-N if signal N ended it).
 
     Args:
       argv: `--cwd DIR [--env NAME=VALUE ...] -- COMMAND [ARG ...]`; `None`
@@ -82,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent,  # No thread runs yet.
         )
     except OSError as e:
         sys.stderr.write(
@@ -89,17 +110,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.cwd!r} on {os.uname().nodename}: {e.strerror or e}\n"
         )
         return 127
+    for signal_number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signal_number, lambda number, frame: _die(child.pid, number))
     threading.Thread(target=_relay, args=(0, child.pid), daemon=True).start()
     code = child.wait()
-    try:  # What the task left behind in its group (it would hold the output open).
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    return code if code >= 0 else 128 - code
+    _kill_group(child.pid)  # What the task left in its group (it would hold the output open).
+    return code
+
+
+def _die(group: int, signal_number: int) -> None:
+    """This process got `signal_number`: the task's group is killed, then this process dies of it."""
+    _kill_group(group)
+    _exit_as(-signal_number)
+
+
+def _exit_as(code: int) -> None:
+    """Exits with `code`, or dies of signal -`code` (the status the task itself had)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # Those have no handler to reset.
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 if __name__ == "__main__":
-    status = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # Not `sys.exit`: the relay thread may be reading.
+    _exit_as(main())  # Not `sys.exit`: the relay thread may be reading.

@@ -433,6 +433,10 @@ def run_local_job(
             if attempt >= restarts:
                 return result
             attempt += 1
+            if hosts is not None:  # On the hosts listed now.
+                num_workers = hosts.workers()
+                if num_workers < workers.minimum:
+                    return too_few(result, _stopped_below(_source(hosts_file, None), num_workers, workers))
             log(
                 f"restart {attempt}/{restarts}: {result.describe()} "
                 f"Relaunching all {cluster.num_tasks} task(s) on fresh ports."

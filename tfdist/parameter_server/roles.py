@@ -134,6 +134,9 @@ def serve(config: ClusterConfig) -> NoReturn:
 
     assert config.cluster is not None and config.task is not None
     startup.check_own_port(config)
+    is_ps = config.task.task_type == "ps"
+    if is_ps:  # One a task killed earlier left, before the chief can look.
+        serving_notice.clear(config)
     threads = inter_op_threads(config)
     server = tf.distribute.Server(
         tf.train.ClusterSpec(config.cluster.to_dict()),
@@ -154,9 +157,6 @@ def serve(config: ClusterConfig) -> NoReturn:
     if threading.current_thread() is not threading.main_thread():
         while True:  # Signals reach the main thread only: served until the process ends.
             time.sleep(3600)
-    is_ps = config.task.task_type == "ps"
-    if is_ps:
-        serving_notice.clear(config)  # One a task killed earlier left.
     try:
         signal.signal(signal.SIGTERM, _notice)
         while True:  # A Python loop, not server.join(): signals still work.

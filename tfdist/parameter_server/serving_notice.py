@@ -28,6 +28,8 @@ import os
 import tempfile
 from typing import Any
 
+from absl import logging
+
 from tfdist.cluster import ClusterConfig
 from tfdist.cluster import spec
 
@@ -76,6 +78,8 @@ def _remove(name: str) -> None:
         os.remove(name)
     except FileNotFoundError:
         pass
+    except OSError as e:  # Another user's file in the shared directory.
+        logging.warning("tfdist: cannot remove the notice file %s: %s", name, e)
 
 
 

@@ -62,6 +62,7 @@ class HostsFileTest(parameterized.TestCase):
         ("two_words", "a b", r"f, line 1: 'a b' is not a host entry; expected 'HOST slots=N'"),
         ("twice", "a:2\nA", r"f, line 2: 'A' lists 'A' a second time"),
         ("bad_host", "me@a:1", r"f, line 1: 'me@a:1': .*'me@a', which is not a host name"),
+        ("option_like", "-Fevil slots=1", r"f, line 1: '-Fevil slots=1': host '-Fevil' starts with '-'"),
     )
     def test_bad_lines_raise_launcher_error_naming_the_line(self, text, pattern):
         with self.assertRaisesRegex(errors.LauncherError, pattern):
@@ -104,12 +105,14 @@ class HostsFileTest(parameterized.TestCase):
         write("h0 slots=2\nh1 slots=2\n")  # Repaired and listed again.
         self.assertEqual(listed.grant(), ("h0", "h0", "h1", "h1"))
         self.assertEqual(listed.left_out, frozenset())
-        write("h0 slots=x\n")  # Being rewritten: no grant, the last list stays.
-        self.assertIsNone(listed.grant())
-        listed.refresh()
-        self.assertEqual(listed.workers(), 4)
-        write("")
-        self.assertEqual(listed.grant(), ())
+        for text in ("h0 slots=x\n", ""):  # Being rewritten: no grant, the last list stays.
+            write(text)
+            self.assertIsNone(listed.grant())
+            listed.refresh()
+            self.assertEqual(listed.workers(), 4)
+        write("h1 slots=2\n")
+        listed.leave_out("h1")
+        self.assertEqual(listed.grant(), ())  # Listed, but no slot to use.
 
     def test_an_unreadable_file_raises_launcher_error(self):
         with self.assertRaisesRegex(errors.LauncherError, r"cannot read the hosts file '/nonexistent/hosts'"):

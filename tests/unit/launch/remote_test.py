@@ -34,6 +34,15 @@ _REPORT = (
 _WAIT = "import sys, time\nprint('up', flush=True)\ntime.sleep(60)\n"
 
 
+def _state(pid):
+    """A process's state letter ("Z": a zombie, as good as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
 def _host_end(command):
     """Starts `tfdist.launch.remote_task` running `command`, its stdin a pipe, as a remote shell would."""
     process = subprocess.Popen(
@@ -52,13 +61,25 @@ class HostEndTest(absltest.TestCase):
         process = _host_end(programs.python(_WAIT))
         process.stdin.write(remote.encode_signal(signal.SIGUSR1))
         process.stdin.flush()
-        self.assertEqual(process.wait(timeout=programs.JOB_BOUND_S), 128 + signal.SIGUSR1)
+        # Dies of it too (ssh reports 255: a lost task, never 143, a saved one).
+        self.assertEqual(process.wait(timeout=programs.JOB_BOUND_S), -signal.SIGUSR1)
 
     def test_the_end_of_its_input_kills_the_task(self):
         # The launcher, or the connection, is gone: no task outlives it.
         process = _host_end(programs.python(_WAIT))
         process.stdin.close()
-        self.assertEqual(process.wait(timeout=programs.JOB_BOUND_S), 128 + signal.SIGKILL)
+        self.assertEqual(process.wait(timeout=programs.JOB_BOUND_S), -signal.SIGKILL)
+
+    def test_a_signal_to_the_host_end_itself_kills_the_task_first(self):
+        process = _host_end(programs.python(_WAIT + "\n"))
+        pid_line = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True)
+        (task,) = [int(p) for p in pid_line.stdout.split()]
+        process.send_signal(signal.SIGHUP)  # A tty's hang-up, or someone on the host.
+        self.assertEqual(process.wait(timeout=programs.JOB_BOUND_S), -signal.SIGHUP)
+        deadline = time.monotonic() + programs.JOB_BOUND_S
+        while os.path.exists(f"/proc/{task}") and _state(task) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(os.path.exists(f"/proc/{task}") and _state(task) != "Z")
 
     def test_an_exit_status_passes_through(self):
         process = _host_end(programs.python("print('up', flush=True)\nraise SystemExit(7)"))
