@@ -110,9 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.cwd!r} on {os.uname().nodename}: {e.strerror or e}\n"
         )
         return 127
-    for signal_number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    handled = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    for signal_number in handled:
         signal.signal(signal_number, lambda number, frame: _die(child.pid, number))
+    # The relay thread blocks them (a thread inherits its creator's mask): a
+    # signal landing there would only be flagged, while the main thread
+    # waits in waitpid and never runs the handler.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     threading.Thread(target=_relay, args=(0, child.pid), daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     code = child.wait()
     _kill_group(child.pid)  # What the task left in its group (it would hold the output open).
     return code

@@ -21,6 +21,7 @@ without bound), and names the ones that did not.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
@@ -159,8 +160,7 @@ def serve(config: ClusterConfig) -> NoReturn:
             time.sleep(3600)
     try:
         signal.signal(signal.SIGTERM, _notice)
-        while True:  # A Python loop, not server.join(): signals still work.
-            time.sleep(3600)
+        _sleep_until_a_handler_raises()
     except _Notice:
         pass
     cleanup = (lambda: serving_notice.clear(config)) if is_ps else (lambda: None)
@@ -180,6 +180,24 @@ def serve(config: ClusterConfig) -> NoReturn:
     while not startup.unreachable_peers(config, jobs=("chief",)):
         time.sleep(_POLL_INTERVAL_S)
     _exit_now(cleanup)
+
+
+def _sleep_until_a_handler_raises() -> NoReturn:
+    """Blocks the main thread until a Python signal handler raises in it.
+
+    Not `time.sleep` nor `server.join()`: a signal sent to the process lands
+    on any thread that does not block it, most often one of TF's; Python's
+    C-level handler then only flags it, and a main thread asleep in a
+    system call is never woken to run the Python handler (a SIGTERM sat
+    unhandled for minutes). The wakeup fd is written by whichever thread
+    took the signal, so `select` returns and the handler runs here.
+    """
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+    signal.set_wakeup_fd(writable)
+    while True:
+        select.select([readable], [], [])
+        os.read(readable, 512)  # Pending handlers run before the next line.
 
 
 class _Notice(Exception):
