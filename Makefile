@@ -88,18 +88,21 @@ test-keras3: $(EXTRAS_TEST)
 
 # Model-level tests again with tf-keras (TF_USE_LEGACY_KERAS=1): the numerics,
 # unit and example tiers that start no cluster of processes, and the whole
-# conformance tier (its multi-worker ports included) but its extended ports.
-# test-tfkeras-rest runs the other multi-process model tests under tf-keras;
+# conformance tier (its multi-worker ports included) but its extended ports,
+# less the numerics tests marked `deferred_tf_keras` (their paths under
+# tf-keras are the conformance tier's or their file's other tests').
+# test-tfkeras-rest runs the other multi-process model tests and the deferred
+# ones under tf-keras;
 # test-extended the extended ports (the keras-io examples), under both
 # front ends; test-all runs everything. CI runs
 # `test` (CONTRIBUTING.md, "CI").
 # One pytest run (its workers' start-up paid once, and the conformance
 # tier's clusters share the workers with the rest).
 test-tfkeras: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 TFDIST_TEST_TF_CONTENDER=$(TF_CONTENDER) $(PY) -m pytest tests -m "model and (conformance or not multiprocess) and not extended" $(call xdist,$(PYTEST_JOBS_TFKERAS)) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 TFDIST_TEST_TF_CONTENDER=$(TF_CONTENDER) $(PY) -m pytest tests -m "model and (conformance or not multiprocess) and not extended and not deferred_tf_keras" $(call xdist,$(PYTEST_JOBS_TFKERAS)) $(PYTEST_FLAGS)
 
 test-tfkeras-rest: $(EXTRAS_TEST)
-	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and multiprocess and not conformance" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m pytest tests -m "model and not conformance and (multiprocess or deferred_tf_keras)" $(PYTEST_PARALLEL) $(PYTEST_FLAGS)
 
 # The second run takes the model-level ones only (`model`), as test-tfkeras does.
 test-extended: $(EXTRAS_TEST)

@@ -22,7 +22,7 @@ from tfdist._internal import keras_layers
 from tfdist.testing import numerics
 from tests.numerics import placement_cases
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.deferred_tf_keras]
 keras = tf.keras
 
 def _grid():

@@ -237,6 +237,7 @@ def _grid():
 class MeshFitTest(parameterized.TestCase):
 
     @parameterized.named_parameters(*_grid())
+    @pytest.mark.deferred_tf_keras
     def test_column_then_row_dense_fit_matches_one_device(self, shape, optimizer):
         x, y = _data()
         comparison = numerics.assert_matches_single_device(
@@ -251,6 +252,7 @@ class MeshFitTest(parameterized.TestCase):
         )
 
     @parameterized.named_parameters(("tensor_parallel", (1, 4)), ("batch_split", (4, 1)))
+    @pytest.mark.deferred_tf_keras
     def test_transformer_block_split_by_heads_matches_one_device(self, shape):
         # On 4 x 1 attention's 3-D kernels made TF's DTensor read SGD's
         # momentum before writing it, until writes were forwarded to reads.
@@ -301,6 +303,7 @@ class MeshFitTest(parameterized.TestCase):
         self.assertRegex(strategy.layout_report(), r"token/embeddings \| \(32, 16\) \| \('model', None\)")
 
     @parameterized.named_parameters(("adam", "adam"), ("plain_sgd", "sgd"))
+    @pytest.mark.deferred_tf_keras
     def test_a_table_with_the_batch_split_matches_one_device(self, optimizer):
         x, y = _data(tokens=True)
         strategy = _strategy((2, 2), {".*token/embeddings": ("model", None)})
@@ -316,6 +319,7 @@ class MeshFitTest(parameterized.TestCase):
 
 
     @parameterized.named_parameters(("adam", "adam"), ("plain_sgd", "sgd"))
+    @pytest.mark.deferred_tf_keras
     def test_a_table_split_by_columns_matches_one_device(self, optimizer):
         x, y = _data(tokens=True)
         strategy = _strategy((1, 4), {".*token/embeddings": (None, "model")})
@@ -342,6 +346,7 @@ class MeshFitTest(parameterized.TestCase):
 class MeshCustomTrainStepTest(parameterized.TestCase):
 
     @parameterized.named_parameters(("batch_split", (4, 1)), ("hybrid", (2, 2)))
+    @pytest.mark.deferred_tf_keras
     def test_sharpness_aware_train_step_matches_one_device(self, shape):
         # It reads each weight after writing it in the same step, under a
         # GradientTape: before forwarded reads counted as reads to the tape,
@@ -385,6 +390,7 @@ class MeshCustomLoopTest(parameterized.TestCase):
             step(x, y)
 
     @parameterized.named_parameters(("tensor_parallel", (1, 4)), ("batch_split", (4, 1)))
+    @pytest.mark.deferred_tf_keras
     def test_custom_loop_matches_one_device(self, shape):
         x, y = _data()
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH_SIZE)

@@ -19,7 +19,7 @@ import tfdist
 from tfdist.collectives import cross_device_ops
 from tfdist.testing import numerics
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.deferred_tf_keras]
 keras = tf.keras
 
 # Same examples, same initial weights: the only difference is the order in

@@ -45,7 +45,7 @@ from absl.testing import parameterized
 import tfdist
 from tfdist.testing import numerics
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.deferred_tf_keras]
 keras = tf.keras
 
 # Same examples in the same order, same initial weights: the runs differ
