@@ -12,7 +12,8 @@ onto. Same model and global batch everywhere:
 
 - 1 worker, no strategy: throughput_1;
 - 2 workers, tfdist.MultiWorkerMirroredStrategy: throughput_2 (gradients in
-  4 MiB buckets), and the same with compression="fp16";
+  4 MiB buckets), the same with compression="fp16", and with
+  transport="host_memory" (buckets through /dev/shm, not gRPC);
 - 2 workers, tf.distribute.MultiWorkerMirroredStrategy.
 
 Throughput comes from the steady-state step time (median step of a `fit`,
@@ -64,11 +65,12 @@ GLOBAL_BATCH_SIZE = {"comm_bound": 256, "compute_bound": 4096}
 WARMUP_STEPS = 5
 ENV = {"TF_NUM_INTRAOP_THREADS": "1"}
 CONFIGS = {
-    # name: (strategy kind, workers, compression)
-    "1 worker, no strategy": ("single", 1, None),
-    "2 workers, tfdist.MultiWorkerMirroredStrategy": ("tfdist", 2, None),
-    "2 workers, tfdist, compression='fp16'": ("tfdist", 2, "fp16"),
-    "2 workers, tf.distribute.MultiWorkerMirroredStrategy": ("tf", 2, None),
+    # name: (strategy kind, workers, tfdist's keyword arguments)
+    "1 worker, no strategy": ("single", 1, {}),
+    "2 workers, tfdist.MultiWorkerMirroredStrategy": ("tfdist", 2, {}),
+    "2 workers, tfdist, compression='fp16'": ("tfdist", 2, {"compression": "fp16"}),
+    "2 workers, tfdist, transport='host_memory'": ("tfdist", 2, {"transport": "host_memory"}),
+    "2 workers, tf.distribute.MultiWorkerMirroredStrategy": ("tf", 2, {}),
 }
 BASELINE = "2 workers, tf.distribute.MultiWorkerMirroredStrategy"
 
@@ -80,7 +82,7 @@ def pin_to_own_core() -> None:
 
 
 def step_seconds(kind: str, global_batch_size: int, steps: int,
-                 compression: str | None = None) -> float:
+                 tfdist_kwargs: dict | None = None) -> float:
     """Runs in each task: median steady-state seconds per training step."""
     pin_to_own_core()  # Before TensorFlow starts its threads.
     import tensorflow as tf
@@ -88,7 +90,7 @@ def step_seconds(kind: str, global_batch_size: int, steps: int,
     import tfdist
 
     if kind == "tfdist":
-        strategy = tfdist.MultiWorkerMirroredStrategy(compression=compression)
+        strategy = tfdist.MultiWorkerMirroredStrategy(**(tfdist_kwargs or {}))
     elif kind == "tf":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
@@ -135,11 +137,11 @@ def main(argv: Sequence[str]) -> None:
     networks = ["isolated", "host"] if _NETWORK.value == "both" else [_NETWORK.value]
     step_s = {network: {name: [] for name in configs} for network in networks}
     for _ in range(_ROUNDS.value):
-        for name, (kind, workers, compression) in configs.items():
+        for name, (kind, workers, tfdist_kwargs) in configs.items():
             for network in networks:
                 per_task = run_local_cluster(
                     step_seconds, num_workers=workers,
-                    args=(kind, batch, _STEPS.value, compression),
+                    args=(kind, batch, _STEPS.value, tfdist_kwargs),
                     timeout_s=600, env=env, isolate=network == "isolated")
                 # The job runs at its slowest task's pace.
                 step_s[network][name].append(max(per_task))

@@ -120,6 +120,9 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
         tfdist.simulate_cpu_devices(2)
         strategy = tfdist.MeshStrategy({"batch": 2, "model": 2}, timeout_s=timeout_s)
         killer = "worker:1"
+    elif mode.startswith("host_"):
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s, transport="host_memory")
+        killer = "worker:1"
     else:
         strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
         killer = "worker:1"

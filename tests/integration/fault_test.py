@@ -84,6 +84,26 @@ class MeshFaultTest(tf.test.TestCase):
         _assert_timeout_naming_worker_1_in_time(self, *_run_pair(self, "mesh_stall"))
 
 
+class HostMemoryFaultTest(tf.test.TestCase):
+    """The same bounds with transport="host_memory", whose waits are tfdist's own, not TF's collectives."""
+
+    def test_survivor_raises_tfdist_error_naming_killed_worker_in_time(self):
+        _assert_lost_worker_1_named_in_time(self, *_run_pair(self, "host_kill"))
+
+    # In make test-all only (CI's time): the group's own timeout is
+    # host_memory_test's; the kill case proves the wiring into fit.
+    @pytest.mark.extended
+    def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
+        record, stalled_at = _run_pair(self, "host_stall")
+        self.assertTrue(record["is_timeout"], record)
+        self.assertEqual(record["task"], "worker:1", record)
+        self.assertIn(f"waited more than timeout_s={fault_lib.TIMEOUT_S:g} s; worker:1 did not arrive",
+                      record["message"])
+        elapsed = record["raised_at"] - stalled_at
+        self.assertGreater(elapsed, fault_lib.TIMEOUT_S - 1)
+        self.assertLess(elapsed, fault_lib.TIMEOUT_S + fault_lib.MARGIN_S)
+
+
 class StuckWorkerTest(tf.test.TestCase):
     def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
         _assert_timeout_naming_worker_1_in_time(self, *_run_pair(self, "stall"))

@@ -47,7 +47,9 @@ def train(use_strategy: bool, strategy_kwargs: dict | None = None) -> dict[str, 
     history = model.fit(
         x, y, batch_size=GLOBAL_BATCH_SIZE, epochs=2, shuffle=False, verbose=0
     )
+    host_group = strategy.cross_device_ops.host_group if use_strategy else None
     return {
+        "host_calls": host_group.calls if host_group is not None else 0,
         "weights": model.get_weights(),
         "loss": history.history["loss"],
         "evaluate": model.evaluate(x, y, batch_size=GLOBAL_BATCH_SIZE, verbose=0),
@@ -131,6 +133,47 @@ class CompressedMultiWorkerFitTest(tf.test.TestCase, parameterized.TestCase):
         )
         # Beyond float32 rounding: the wire dtype really was compressed.
         self.assertGreater(deviation, FLOAT32_ATOL)
+
+
+class HostMemoryMultiWorkerFitTest(tf.test.TestCase):
+    """transport="host_memory": gradient buckets and logged values cross workers through /dev/shm.
+
+    Several buckets of different sizes (512 bytes each at most), the logged
+    values riding in the first; with fp16 the gradients are rounded as over
+    gRPC (the tolerance of `CompressedMultiWorkerFitTest`).
+    """
+
+    def test_fit_matches_single_process_through_shared_memory(self):
+        self._check(compression=None, atol=FLOAT32_ATOL)
+
+    # In make test-all only (CI's time): the float32 case's path plus the
+    # rounding CompressedMultiWorkerFitTest proves.
+    @pytest.mark.extended
+    def test_fit_with_fp16_matches_single_process_within_tolerance(self):
+        self._check(compression="fp16", atol=1e-3)
+
+    def _check(self, compression, atol):
+        workers = run_local_cluster(
+            train,
+            num_workers=2,
+            args=(True, {"transport": "host_memory", "bucket_bytes": 512, "compression": compression}),
+            timeout_s=CLUSTER_TIMEOUT_S,
+        )
+        reference = train(False)
+        # Every step's buckets went through the group: 2 epochs of 4 steps.
+        self.assertGreaterEqual(workers[0]["host_calls"], 2 * 4 * 2)
+        self.assertEqual(workers[0]["host_calls"], workers[1]["host_calls"])
+        for a, b in zip(workers[0]["weights"], workers[1]["weights"]):
+            self.assertAllEqual(a, b)
+        for a, b in zip(workers[0]["weights"], reference["weights"]):
+            self.assertAllClose(a, b, rtol=FLOAT32_RTOL if compression is None else 0, atol=atol)
+        for worker in workers:
+            self.assertAllClose(worker["loss"], reference["loss"], rtol=FLOAT32_RTOL, atol=atol)
+            self.assertAllClose(worker["evaluate"], reference["evaluate"], rtol=FLOAT32_RTOL, atol=atol)
+        if compression is not None:  # Beyond float32 rounding: the values were rounded.
+            deviation = max(float(np.max(np.abs(a - b)))
+                            for a, b in zip(workers[0]["weights"], reference["weights"]))
+            self.assertGreater(deviation, FLOAT32_ATOL)
 
 
 def _embedding_model(keras):
@@ -284,6 +327,21 @@ class MultiWorkerConfigTest(tf.test.TestCase):
                 '{"cluster": {"worker": ["127.0.0.1:1"]}, '
                 '"task": {"type": "worker", "index": 0}}',
                 compression="int8",
+            )
+
+    def test_unknown_transport_raises_config_error_before_starting(self):
+        with self.assertRaisesRegex(errors.ConfigError, r"transport='nccl'.*'grpc', 'host_memory'"):
+            tfdist.MultiWorkerMirroredStrategy(
+                '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}',
+                transport="nccl",
+            )
+
+    def test_host_memory_over_several_hosts_raises_config_error_before_starting(self):
+        with self.assertRaisesRegex(errors.ConfigError, r"one host; received hosts \['node-a', 'node-b'\]"):
+            tfdist.MultiWorkerMirroredStrategy(
+                '{"cluster": {"worker": ["node-a:2222", "node-b:2222"]}, '
+                '"task": {"type": "worker", "index": 0}}',
+                transport="host_memory",
             )
 
     def test_non_positive_timeout_raises_config_error(self):

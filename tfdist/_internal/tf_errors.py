@@ -124,7 +124,9 @@ def _tfdist_class(error: BaseException) -> type[tf.errors.OpError] | None:
     if match is None or match.group(1) not in _CLASSES:
         return None
     tf_class, tfdist_class = _CLASSES[match.group(1)]
-    return tfdist_class if isinstance(error, tf_class) else None
+    # UnknownError: what TF makes of any error raised in a numpy_function,
+    # where tfdist's host-memory transport raises its marked errors.
+    return tfdist_class if isinstance(error, (tf_class, tf.errors.UnknownError)) else None
 
 
 #: Classifies a TF error without the marker: returns an `abort_message` for

@@ -3,6 +3,8 @@
 `AllReduce(algorithm)` with `RingAllReduce`, `TreeAllReduce`,
 `ReduceToOneAllReduce` and `AutoAllReduce` (cost-model choice per bucket);
 gradient bucketing and fp16/bf16 compression are options of each.
+Across workers: `cross_worker.HierarchicalAllReduce` (TF's collectives over
+gRPC, or `host_memory.HostGroup` through shared memory on one host).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ devices (devices d_0 .. d_{L-1}):
          one group of W):
            compression=None:   all-reduce (ring)              2(W-1)/W * S bytes
            "fp16" / "bf16":    cast, all-gather, sum in float32 (W-1) * S/2 bytes
+         or, with a `host_memory.HostGroup` (every worker on one host), a
+         sum through shared memory (the values rounded to the wire dtype
+         first with compression, summed in float32 in worker order)
       3. MEAN divides by W * L; local broadcast: copy d_0's result to d_1..
     unpack the bucket
 
@@ -40,12 +43,15 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist import errors
 from tfdist._internal import cross_device
 from tfdist._internal import input_values
+from tfdist._internal import tf_errors
 from tfdist.collectives import sparse_rows
 from tfdist.collectives import _algorithms
 from tfdist.collectives import _packing
 from tfdist.collectives import cross_device_ops
+from tfdist.collectives import host_memory
 
 __all__ = ["HierarchicalAllReduce"]
 
@@ -66,6 +72,10 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
       algorithm: tfdist's local algorithm (see `AllReduce`).
       bucket_bytes: Byte cap of a bucket, or `None` for one per tensor.
       compression: `None`, "fp16" or "bf16" for the cross-worker transfer.
+      host_group: Carries the gradient buckets (and riders) across workers
+        instead of TF's collectives when given: every worker on one host,
+        each with its rank of one group. Values on TF's path still take
+        TF's collectives.
     """
 
     def __init__(
@@ -78,6 +88,7 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         algorithm: str,
         bucket_bytes: int | None,
         compression: cross_device_ops.Compression | str | None,
+        host_group: host_memory.HostGroup | None = None,
     ) -> None:
         super().__init__(
             devices=list(devices),
@@ -92,6 +103,8 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         self._local = cross_device_ops.AllReduce(algorithm, bucket_bytes=None)
         self._local_devices = cross_device.canonical_devices(devices)
         self._num_workers = num_workers
+        self._host_group = host_group
+        self._host_slots: dict[tuple[int, str], int] = {}
         self._cross = cross_device.CollectiveAllReduce(
             devices=list(devices[:1]),
             group_size=num_workers,
@@ -102,6 +115,11 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
     @property
     def compression(self) -> cross_device_ops.Compression:
         return self._compression
+
+    @property
+    def host_group(self) -> host_memory.HostGroup | None:
+        """The host-memory group that carries gradient buckets, or None (TF's collectives)."""
+        return self._host_group
 
     @property
     def collective_ops(self) -> tuple[Any, ...]:
@@ -297,7 +315,14 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         wire = self._compression.wire_dtype
         rider_total = None
         with tf.device(first):
-            if wire is None or local.dtype.size <= wire.size:
+            if self._host_group is not None:
+                if wire is not None and local.dtype.size > wire.size:
+                    rounded = tf.cast(tf.cast(local[:size], wire), local.dtype)
+                    local = rounded if riders is None else tf.concat([rounded, local[size:]], 0)
+                total = self._host_all_reduce(local)
+                if riders is not None:
+                    total, rider_total = total[:size], total[size:]
+            elif wire is None or local.dtype.size <= wire.size:
                 total = cross_device.collective_all_reduce(self._cross, local, options)
                 if riders is not None:
                     total, rider_total = total[:size], total[size:]
@@ -323,8 +348,39 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
         else:
             local = flats[0]
         with tf.device(devices[0]):
-            total = cross_device.collective_all_reduce(self._cross, local, options)
+            if self._host_group is not None:
+                total = self._host_all_reduce(local)
+            else:
+                total = cross_device.collective_all_reduce(self._cross, local, options)
         return _to_devices(total, devices[0], devices)
+
+    def _host_all_reduce(self, flat: tf.Tensor) -> tf.Tensor:
+        """The SUM of `flat` over the workers through the host group (a stateful op).
+
+        One slot per size and dtype: a tf.function runs these ops in program
+        order, the same on every worker, one at a time.
+        """
+        group = self._host_group
+        assert group is not None
+        key = (int(flat.shape[0]), flat.dtype.name)
+        slot = self._host_slots.setdefault(key, len(self._host_slots))
+
+        def host_sum(x: Any) -> Any:
+            try:
+                return group.all_reduce(x, slot)
+            except errors.CollectiveError as e:
+                raise _marked(e) from e
+
+        total = tf.numpy_function(host_sum, [flat], flat.dtype, stateful=True, name="tfdist_host_all_reduce")
+        total.set_shape(flat.shape)
+        return total
+
+
+def _marked(error: errors.CollectiveError) -> tf.errors.OpError:
+    """`error` as a TF error whose marker makes `fit` raise it as tfdist's class (`tf_errors`)."""
+    kind = errors.WorkerUnavailableError if isinstance(error, errors.WorkerUnavailableError) else errors.CollectiveTimeoutError
+    tf_class = tf.errors.UnavailableError if kind is errors.WorkerUnavailableError else tf.errors.DeadlineExceededError
+    return tf_class(None, None, tf_errors.abort_message(kind, error.task, str(error)))
 
 
 def _to_devices(value: tf.Tensor, source: str, devices: list[str]) -> list[tf.Tensor]:

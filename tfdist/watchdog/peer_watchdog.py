@@ -77,6 +77,9 @@ class PeerWatchdog:
         variable broadcasts to bound too; None: none.
       bound_eager_calls: Whether `run_bounded` will be used (it needs the
         collective clock).
+      on_abort: Called (on the watchdog's thread) with the tfdist error of
+        a verdict, when TF's collectives are aborted: transports of the
+        caller's own (`collectives.host_memory`) end their waits with it.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class PeerWatchdog:
         collective_ops: Sequence[Any] = (),
         extended: Any = None,
         bound_eager_calls: bool = False,
+        on_abort: Sequence[Callable[[errors.CollectiveError], None]] = (),
     ) -> None:
         assert config.task is not None and config.cluster is not None
         self._task = config.task
@@ -104,6 +108,7 @@ class PeerWatchdog:
             target=self._run, name="tfdist-peer-watchdog", daemon=True
         )
         self._timeout_s = timeout_s
+        self._on_abort = list(on_abort)
         self._clock: clock_lib.CollectiveClock | None = None
         if collective_ops or extended is not None or bound_eager_calls:
             clock = clock_lib.CollectiveClock(f"{startup.device_name(config.task)}/device:CPU:0")
@@ -275,6 +280,7 @@ class PeerWatchdog:
             tf_errors.abort_message(errors.WorkerUnavailableError, peer.name, message),
             tf.errors.UNAVAILABLE,
         )
+        self._abort_own(errors.WorkerUnavailableError(message, task=peer.name))
 
     def _collective_overdue(self) -> bool:
         """Whether one collective has been in flight for over `timeout_s`."""
@@ -333,6 +339,11 @@ class PeerWatchdog:
             tf_errors.abort_message(errors.CollectiveTimeoutError, first_behind, message),
             tf.errors.DEADLINE_EXCEEDED,
         )
+        self._abort_own(errors.CollectiveTimeoutError(message, task=first_behind))
+
+    def _abort_own(self, error: errors.CollectiveError) -> None:
+        for abort in self._on_abort:
+            abort(error)
 
 
 def _first_line(error: Exception) -> str:
