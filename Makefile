@@ -19,7 +19,8 @@ PYTEST_FLAGS ?= --durations=20 --durations-min=5
 # two processes, 528 s with three. Beside the tf-keras stage, mypy and
 # Sphinx (`make test`) the two cores are busy throughout and a third
 # process only contends: the whole run took 875 s with two against 895 s
-# with three (2026-11-28). PYTEST_JOBS=0 runs serially. A test process that
+# with three (2026-11-28); with the tf-keras stage shortened (deferred_tf_keras),
+# 1045 s with two against 1110 s with three. PYTEST_JOBS=0 runs serially. A test process that
 # crashes (a segfault in TensorFlow) fails the run at once, naming its
 # test: xdist's replacement worker under --dist loadfile can wait forever
 # (pytest-dev/pytest-xdist#784).
