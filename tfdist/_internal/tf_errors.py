@@ -51,6 +51,7 @@ __all__ = [
     "WorkerUnavailableOpError",
     "Classifier",
     "abort_message",
+    "marked_op_error",
     "as_tfdist_error",
     "install_function_error_hook",
 ]
@@ -115,6 +116,17 @@ def abort_message(
     if error_class.__name__ not in _CLASSES:
         raise ValueError(f"no TF-raised form of {error_class.__name__}")
     return f"[tfdist:{error_class.__name__} task={task or ''}] {message}"
+
+
+def marked_op_error(error: errors.CollectiveError) -> tf.errors.OpError:
+    """`error` as TF's error of its code, with the marker: raised in a `numpy_function`, it reaches `fit` as tfdist's class."""
+    name = (
+        "WorkerUnavailableError"
+        if isinstance(error, errors.WorkerUnavailableError)
+        else "CollectiveTimeoutError"
+    )
+    tf_class, _ = _CLASSES[name]
+    return tf_class(None, None, abort_message(getattr(errors, name), error.task, str(error)))
 
 
 def _tfdist_class(error: BaseException) -> type[tf.errors.OpError] | None:

@@ -369,18 +369,11 @@ class HierarchicalAllReduce(cross_device.CollectiveAllReduce):  # type: ignore[m
             try:
                 return group.all_reduce(x, slot)
             except errors.CollectiveError as e:
-                raise _marked(e) from e
+                raise tf_errors.marked_op_error(e) from e
 
         total = tf.numpy_function(host_sum, [flat], flat.dtype, stateful=True, name="tfdist_host_all_reduce")
         total.set_shape(flat.shape)
         return total
-
-
-def _marked(error: errors.CollectiveError) -> tf.errors.OpError:
-    """`error` as a TF error whose marker makes `fit` raise it as tfdist's class (`tf_errors`)."""
-    kind = errors.WorkerUnavailableError if isinstance(error, errors.WorkerUnavailableError) else errors.CollectiveTimeoutError
-    tf_class = tf.errors.UnavailableError if kind is errors.WorkerUnavailableError else tf.errors.DeadlineExceededError
-    return tf_class(None, None, tf_errors.abort_message(kind, error.task, str(error)))
 
 
 def _to_devices(value: tf.Tensor, source: str, devices: list[str]) -> list[tf.Tensor]:

@@ -7,7 +7,8 @@
 What `tfdist.MultiWorkerMirroredStrategy(transport="host_memory")` runs for
 its cross-worker step when every worker is on one host, instead of TF's
 collective all-reduce over gRPC (2.8-3.5x faster for a 1.6 MB bucket
-between 2 local workers: benchmarks/RESULTS.md, "Cross-worker transport").
+between 2 local workers; the whole step: benchmarks/RESULTS.md,
+"transport=host_memory").
 
 Each slot (one gradient bucket of a step) has a segment in `/dev/shm`
 holding, twice over, one input row per rank and a result row. A call:

@@ -130,7 +130,6 @@ class MarkedErrorTest(absltest.TestCase):
         import tensorflow as tf
 
         from tfdist._internal import tf_errors
-        from tfdist.collectives import cross_worker
 
         remove = tf_errors.install_function_error_hook(lambda error: None)
         self.addCleanup(remove)
@@ -139,7 +138,7 @@ class MarkedErrorTest(absltest.TestCase):
             (errors.WorkerUnavailableError("lost", task="worker:1"), tf.errors.UnavailableError),
         ):
             def fail(x, error=error):
-                raise cross_worker._marked(error)
+                raise tf_errors.marked_op_error(error)
 
             @tf.function(autograph=False)
             def step(x, fail=fail):
