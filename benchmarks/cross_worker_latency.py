@@ -6,8 +6,9 @@
 Two worker processes on 127.0.0.1 (`tfdist.testing.run_local_cluster`, one
 intra-op thread each) build `tfdist.MultiWorkerMirroredStrategy` and time a
 `tf.function` that all-reduces one float32 tensor across the workers
-(`ReplicaContext.all_reduce`, TF's collective ops over gRPC: the engine
-every multi-worker step uses), for sizes from 4 bytes to the 1.6 MB of
+(`ReplicaContext.all_reduce`, `transport="grpc"`: TF's collective ops,
+the engine of every multi-worker step across hosts; between tasks of one
+host the strategy's default is shared memory, `transport_probe.py`), for sizes from 4 bytes to the 1.6 MB of
 gradients in `benchmarks/multiworker.py`. The 4-byte time is the floor any
 synchronous step pays; it bounds the scaling efficiency a model can reach:
 efficiency <= t1 / (t1 + 2 * floor) for a step that takes t1 on one worker
@@ -46,7 +47,7 @@ def all_reduce_ms(calls: int) -> dict[int, float]:
 
     import tfdist
 
-    strategy = tfdist.MultiWorkerMirroredStrategy()
+    strategy = tfdist.MultiWorkerMirroredStrategy(transport="grpc")
     results = {}
     for size in SIZES_BYTES:
         value = tf.ones([size // 4], tf.float32)

@@ -16,6 +16,9 @@ TF_CONFIG and trains a small model for 3 epochs of 8 steps. MODE:
   variable values.
 - `mesh_kill`, `mesh_stall`: as `kill` and `stall`, under `tfdist.MeshStrategy({"batch": 2, "model": 2},
   timeout_s=TIMEOUT_S)` on 2 logical CPUs per worker.
+- `host_kill`, `host_stall`: as `kill` and `stall`, with the strategy's
+  default transport (shared memory between these tasks); the three modes
+  above take `transport="grpc"`.
 Every task appends each epoch it begins to OUT_DIR/epochs-begun-<pid>.
 
 - `restart`: trains with `keras.callbacks.BackupAndRestore(OUT_DIR/backup)`;
@@ -120,11 +123,11 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
         tfdist.simulate_cpu_devices(2)
         strategy = tfdist.MeshStrategy({"batch": 2, "model": 2}, timeout_s=timeout_s)
         killer = "worker:1"
-    elif mode.startswith("host_"):
-        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s, transport="host_memory")
-        killer = "worker:1"
     else:
-        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s)
+        # kill, stall, stall_before_build: TF's collectives under the watchdog;
+        # the others take the default (shared memory between these tasks).
+        grpc = mode in ("kill", "stall", "stall_before_build")
+        strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=timeout_s, transport="grpc" if grpc else "auto")
         killer = "worker:1"
     task = strategy.cluster_config.task
     if mode == "stall_before_build" and task.name == "worker:1":
@@ -159,6 +162,7 @@ def main(mode: str, out_dir: str, timeout_s: float) -> None:
             "is_timeout": isinstance(e, tfdist.errors.CollectiveTimeoutError)
             and isinstance(e, tf.errors.DeadlineExceededError),
             "task": getattr(e, "task", None),
+            "transport": getattr(strategy, "transport", None),
             "message": str(e),
             "raised_at": time.time(),
         }

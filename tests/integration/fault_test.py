@@ -44,6 +44,8 @@ def _run_pair(test: tf.test.TestCase, mode: str) -> tuple[dict, float]:
 
 
 class LostWorkerTest(tf.test.TestCase):
+    """transport="grpc": TF's collectives, aborted by the peer watchdog."""
+
     def test_survivor_raises_tfdist_error_naming_killed_worker_in_time(self):
         _assert_lost_worker_1_named_in_time(self, *_run_pair(self, "kill"))
 
@@ -85,16 +87,19 @@ class MeshFaultTest(tf.test.TestCase):
 
 
 class HostMemoryFaultTest(tf.test.TestCase):
-    """The same bounds with transport="host_memory", whose waits are tfdist's own, not TF's collectives."""
+    """The same bounds with the default transport, shared memory here: waits of tfdist's own, not TF's collectives."""
 
     def test_survivor_raises_tfdist_error_naming_killed_worker_in_time(self):
-        _assert_lost_worker_1_named_in_time(self, *_run_pair(self, "host_kill"))
+        record, killed_at = _run_pair(self, "host_kill")
+        self.assertEqual(record["transport"], "host_memory")
+        _assert_lost_worker_1_named_in_time(self, record, killed_at)
 
     # In make test-all only (CI's time): the group's own timeout is
     # host_memory_test's; the kill case proves the wiring into fit.
     @pytest.mark.extended
     def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
         record, stalled_at = _run_pair(self, "host_stall")
+        self.assertEqual(record["transport"], "host_memory")
         self.assertTrue(record["is_timeout"], record)
         self.assertEqual(record["task"], "worker:1", record)
         self.assertIn(f"waited more than timeout_s={fault_lib.TIMEOUT_S:g} s; worker:1 did not arrive",
@@ -105,6 +110,8 @@ class HostMemoryFaultTest(tf.test.TestCase):
 
 
 class StuckWorkerTest(tf.test.TestCase):
+    """transport="grpc": TF's collectives, bounded by the peer watchdog's clock."""
+
     def test_peer_of_a_stuck_worker_raises_collective_timeout_in_time(self):
         _assert_timeout_naming_worker_1_in_time(self, *_run_pair(self, "stall"))
 

@@ -1,10 +1,12 @@
 """How many cross-worker collectives one training step of `fit` runs (tfdist.MultiWorkerMirroredStrategy).
 
-Counted by the strategy's own collective clock (`tfdist/watchdog/clock.py`,
-which brackets every collective TF's launchers create), read after each
-step of an 8-step `fit` on 2 workers (a callback; the read waits for the
-step), so each difference is one step's collectives: the gradients' buckets
-only (the test model's fit in one), under both front ends. The values Keras
+Counted, after each step of an 8-step `fit` on 2 workers (a callback; the
+read waits for the step), by the strategy's own collective clock
+(`tfdist/watchdog/clock.py`, which brackets every collective TF's
+launchers create) and its host-memory group's calls (the default
+transport of workers on one host), so each difference is one step's
+collectives: the gradients' buckets only (the test model's fit in one),
+under both front ends and both transports. The values Keras
 reduces for its logs ride in a bucket (`tfdist/collectives/fused_step.py`);
 as Keras writes the step they took one more collective under Keras 3
 (tfdist packs its logged values) and six more under tf-keras (its loss and
@@ -31,10 +33,10 @@ GRADIENT_BUCKETS = 1  # small_classifier's gradients: a few hundred bytes, one b
 LOG_COLLECTIVES = 0  # Unfused: 1 under Keras 3, 6 under tf-keras.
 
 
-def collectives_per_step(compression: str | None) -> dict[str, object]:
-    """In each task: the collectives of each step of `fit` after the first, and its logs."""
+def collectives_per_step(compression: str | None, transport: str) -> dict[str, object]:
+    """In each task: the collectives of each step of `fit` after the first (TF's, host memory's), and its logs."""
     keras = tf.keras
-    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60, compression=compression)
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60, compression=compression, transport=transport)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(640, 8)).astype("float32")
     y = rng.integers(0, 3, 640).astype("int32")
@@ -42,18 +44,24 @@ def collectives_per_step(compression: str | None) -> dict[str, object]:
     with strategy.scope():
         model = tfdist.testing.small_classifier(keras.optimizers.SGD(0.1))
     clock = strategy._watchdog._clock  # noqa: SLF001 - the strategy's own count.
+    group = strategy.cross_device_ops.host_group
     seen = []
-    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(clock.counts()[0]))
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(
+            (clock.counts()[0], group.calls if group is not None else 0)
+        )
+    )
     history = model.fit(dataset, epochs=1, steps_per_epoch=8, verbose=0, callbacks=[record])
     return {
-        "per_step": [b - a for a, b in zip(seen, seen[1:])],
+        "transport": strategy.transport,
+        "per_step": [(b[0] - a[0], b[1] - a[1]) for a, b in zip(seen, seen[1:])],
         "logs": {k: v[-1] for k, v in history.history.items()},
     }
 
 
-def riders_summed(compression: str | None) -> list[np.ndarray]:
+def riders_summed(compression: str | None, transport: str) -> list[np.ndarray]:
     """In each task: float32 riders that float16 and bfloat16 cannot hold, summed beside a gradient."""
-    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60, compression=compression)
+    strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60, compression=compression, transport=transport)
     task = strategy.cluster_config.worker_index
     gradient = tf.fill([64], 0.5 + task)
     riders = [tf.constant(1 + 2.0 ** -20 + task, tf.float32), tf.constant([1e-8, 70000.5 * (task + 1)], tf.float32)]
@@ -118,20 +126,25 @@ class CollectivesPerStepTest(parameterized.TestCase):
             self.assertAlmostEqual(result["sum"], 2 * result["mean"], places=5)
 
 
-    @parameterized.named_parameters(("plain", None), ("fp16", "fp16"))
-    def test_a_step_runs_the_gradient_buckets_only(self, compression):
+    @parameterized.named_parameters(
+        # (TF's collectives, host-memory calls) per step.
+        ("plain_host_memory", None, "auto", (0, GRADIENT_BUCKETS + LOG_COLLECTIVES)),
+        ("fp16_grpc", "fp16", "grpc", (GRADIENT_BUCKETS + LOG_COLLECTIVES, 0)),
+    )
+    def test_a_step_runs_the_gradient_buckets_only(self, compression, transport, per_step):
         results = run_local_cluster(
-            collectives_per_step, num_workers=2, args=(compression,), timeout_s=150
+            collectives_per_step, num_workers=2, args=(compression, transport), timeout_s=150
         )
         for result in results:
-            self.assertEqual(result["per_step"], [GRADIENT_BUCKETS + LOG_COLLECTIVES] * 7)
+            self.assertEqual(result["transport"], "host_memory" if transport == "auto" else transport)
+            self.assertEqual(result["per_step"], [per_step] * 7)
         self.assertEqual(results[0]["logs"], results[1]["logs"])
 
     # Compressed only: uncompressed riders are summed by the all-reduce itself,
     # as the logs of the test above show.
-    @parameterized.named_parameters(("fp16", "fp16"), ("bf16", "bf16"))
-    def test_riders_are_summed_exactly_beside_the_gradients(self, compression):
-        results = run_local_cluster(riders_summed, num_workers=2, args=(compression,), timeout_s=150)
+    @parameterized.named_parameters(("fp16_grpc", "fp16", "grpc"), ("bf16_host_memory", "bf16", "auto"))
+    def test_riders_are_summed_exactly_beside_the_gradients(self, compression, transport):
+        results = run_local_cluster(riders_summed, num_workers=2, args=(compression, transport), timeout_s=150)
         expected = [
             np.full([64], 2.0, np.float32),  # 0.5 + 1.5: exact in every wire dtype.
             np.float32(1 + 2.0 ** -20) + np.float32(2 + 2.0 ** -20),

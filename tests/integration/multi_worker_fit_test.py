@@ -3,6 +3,9 @@
 Each worker builds the strategy from its TF_CONFIG and trains through
 `model.fit`; the result must equal one process training with the same
 global batch. Runs under Keras 3 and (TF_USE_LEGACY_KERAS=1) tf-keras.
+The workers share this host's /dev/shm, so the default transport ("auto")
+takes shared memory; `GrpcMultiWorkerFitTest` and the fp16 case take TF's
+collectives over gRPC.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from absl.testing import parameterized
 import tfdist
 from tests.numerics import position_embedding_fit_test as position
 from tfdist import errors
+from tfdist.collectives import host_memory
 from tfdist.testing import run_local_cluster
 
 pytestmark = [pytest.mark.model, pytest.mark.multiprocess]
@@ -49,6 +53,7 @@ def train(use_strategy: bool, strategy_kwargs: dict | None = None) -> dict[str, 
     )
     host_group = strategy.cross_device_ops.host_group if use_strategy else None
     return {
+        "transport": strategy.transport if use_strategy else None,
         "host_calls": host_group.calls if host_group is not None else 0,
         "weights": model.get_weights(),
         "loss": history.history["loss"],
@@ -67,6 +72,12 @@ class MultiWorkerFitTest(tf.test.TestCase):
             train, num_workers=2, args=(True,), timeout_s=CLUSTER_TIMEOUT_S
         )
         cls.reference = train(False)
+
+    def test_the_default_transport_of_workers_on_one_host_is_shared_memory(self):
+        for worker in self.workers:
+            self.assertEqual(worker["transport"], "host_memory")
+            # Every step's buckets went through the group: 2 epochs of 4 steps.
+            self.assertGreaterEqual(worker["host_calls"], 2 * 4)
 
     def test_workers_end_with_identical_weights(self):
         first, second = self.workers
@@ -99,7 +110,7 @@ class MultiWorkerFitTest(tf.test.TestCase):
 
 
 class CompressedMultiWorkerFitTest(tf.test.TestCase, parameterized.TestCase):
-    """Compressed gradients across workers, in several buckets.
+    """Compressed gradients across workers, in several buckets, over either transport.
 
     Each step's gradient is rounded once to the wire dtype (relative error
     2^-11 for fp16, 2^-8 for bf16) before the float32 sum; over 8 Adam steps
@@ -109,24 +120,21 @@ class CompressedMultiWorkerFitTest(tf.test.TestCase, parameterized.TestCase):
     """
 
     @parameterized.named_parameters(
-        dict(testcase_name="fp16", compression="fp16", atol=1e-3),
-        dict(testcase_name="bf16", compression="bf16", atol=1e-2),
+        dict(testcase_name="fp16_grpc", compression="fp16", transport="grpc", atol=1e-3),
+        dict(testcase_name="bf16_host_memory", compression="bf16", transport="auto", atol=1e-2),
     )
     def test_compression_matches_single_process_within_tolerance(
-        self, compression, atol
+        self, compression, transport, atol
     ):
         workers = run_local_cluster(
             train,
             num_workers=2,
             # 512 bytes: most gradients travel in a bucket of their own.
-            args=(True, {"compression": compression, "bucket_bytes": 512}),
+            args=(True, {"compression": compression, "bucket_bytes": 512, "transport": transport}),
             timeout_s=CLUSTER_TIMEOUT_S,
         )
         reference = train(False)
-        for a, b in zip(workers[0]["weights"], workers[1]["weights"]):
-            self.assertAllEqual(a, b)
-        for a, b in zip(workers[0]["weights"], reference["weights"]):
-            self.assertAllClose(a, b, rtol=0, atol=atol)
+        _assert_fit_matches(self, workers, reference, rtol=0, atol=atol)
         deviation = max(
             float(np.max(np.abs(a - b)))
             for a, b in zip(workers[0]["weights"], reference["weights"])
@@ -135,45 +143,62 @@ class CompressedMultiWorkerFitTest(tf.test.TestCase, parameterized.TestCase):
         self.assertGreater(deviation, FLOAT32_ATOL)
 
 
-class HostMemoryMultiWorkerFitTest(tf.test.TestCase):
-    """transport="host_memory": gradient buckets and logged values cross workers through /dev/shm.
+class GrpcMultiWorkerFitTest(tf.test.TestCase):
+    """transport="grpc": gradient buckets and logged values cross workers in TF's collectives.
 
     Several buckets of different sizes (512 bytes each at most), the logged
-    values riding in the first; with fp16 the gradients are rounded as over
-    gRPC (the tolerance of `CompressedMultiWorkerFitTest`).
+    values riding in the first (the path of workers on several hosts).
     """
 
-    def test_fit_matches_single_process_through_shared_memory(self):
-        self._check(compression=None, atol=FLOAT32_ATOL)
-
-    # In make test-all only (CI's time): the float32 case's path plus the
-    # rounding CompressedMultiWorkerFitTest proves.
-    @pytest.mark.extended
-    def test_fit_with_fp16_matches_single_process_within_tolerance(self):
-        self._check(compression="fp16", atol=1e-3)
-
-    def _check(self, compression, atol):
+    def test_fit_matches_single_process_through_tf_collectives(self):
         workers = run_local_cluster(
             train,
             num_workers=2,
-            args=(True, {"transport": "host_memory", "bucket_bytes": 512, "compression": compression}),
+            args=(True, {"transport": "grpc", "bucket_bytes": 512}),
             timeout_s=CLUSTER_TIMEOUT_S,
         )
-        reference = train(False)
-        # Every step's buckets went through the group: 2 epochs of 4 steps.
-        self.assertGreaterEqual(workers[0]["host_calls"], 2 * 4 * 2)
-        self.assertEqual(workers[0]["host_calls"], workers[1]["host_calls"])
-        for a, b in zip(workers[0]["weights"], workers[1]["weights"]):
-            self.assertAllEqual(a, b)
-        for a, b in zip(workers[0]["weights"], reference["weights"]):
-            self.assertAllClose(a, b, rtol=FLOAT32_RTOL if compression is None else 0, atol=atol)
         for worker in workers:
-            self.assertAllClose(worker["loss"], reference["loss"], rtol=FLOAT32_RTOL, atol=atol)
-            self.assertAllClose(worker["evaluate"], reference["evaluate"], rtol=FLOAT32_RTOL, atol=atol)
-        if compression is not None:  # Beyond float32 rounding: the values were rounded.
-            deviation = max(float(np.max(np.abs(a - b)))
-                            for a, b in zip(workers[0]["weights"], reference["weights"]))
-            self.assertGreater(deviation, FLOAT32_ATOL)
+            self.assertEqual((worker["transport"], worker["host_calls"]), ("grpc", 0))
+        _assert_fit_matches(self, workers, train(False), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+
+
+def _assert_fit_matches(test, workers, reference, *, rtol, atol):
+    """Both workers' weights equal; weights, loss and evaluate within tolerance of one process."""
+    for a, b in zip(workers[0]["weights"], workers[1]["weights"]):
+        test.assertAllEqual(a, b)
+    for a, b in zip(workers[0]["weights"], reference["weights"]):
+        test.assertAllClose(a, b, rtol=rtol, atol=atol)
+    for worker in workers:
+        test.assertAllClose(worker["loss"], reference["loss"], rtol=FLOAT32_RTOL, atol=atol)
+        test.assertAllClose(worker["evaluate"], reference["evaluate"], rtol=FLOAT32_RTOL, atol=atol)
+
+
+def _transport_in_own_shm(transport: str) -> str:
+    """In each task: the transport its strategy takes with a /dev/shm of its own (as in separate containers)."""
+    host_memory.DIRECTORY = tempfile.mkdtemp()
+    try:
+        return tfdist.MultiWorkerMirroredStrategy(timeout_s=60, transport=transport).transport
+    except errors.ConfigError as e:
+        return f"ConfigError: {e}"
+
+
+class TransportChoiceTest(tf.test.TestCase):
+    """What "auto" and "host_memory" do when workers on one host do not share /dev/shm."""
+
+    def test_auto_takes_grpc_in_every_task(self):
+        self.assertEqual(
+            list(run_local_cluster(_transport_in_own_shm, num_workers=2, args=("auto",), timeout_s=CLUSTER_TIMEOUT_S)),
+            ["grpc", "grpc"],
+        )
+
+    # In make test-all only (CI's time): the same check as above, with the error path.
+    @pytest.mark.extended
+    def test_host_memory_raises_config_error_in_every_task(self):
+        results = run_local_cluster(
+            _transport_in_own_shm, num_workers=2, args=("host_memory",), timeout_s=CLUSTER_TIMEOUT_S
+        )
+        for task, result in zip(("worker:0", "worker:1"), results):
+            self.assertRegex(result, rf"ConfigError: .*share \S+; {task} does not see its peers' files")
 
 
 def _embedding_model(keras):
@@ -330,7 +355,7 @@ class MultiWorkerConfigTest(tf.test.TestCase):
             )
 
     def test_unknown_transport_raises_config_error_before_starting(self):
-        with self.assertRaisesRegex(errors.ConfigError, r"transport='nccl'.*'grpc', 'host_memory'"):
+        with self.assertRaisesRegex(errors.ConfigError, r"transport='nccl'.*'auto', 'grpc', 'host_memory'"):
             tfdist.MultiWorkerMirroredStrategy(
                 '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}',
                 transport="nccl",

@@ -4,8 +4,9 @@
     total = group.all_reduce(x, slot=0)   # every rank, same slots in the same order
     group.close()
 
-What `tfdist.MultiWorkerMirroredStrategy(transport="host_memory")` runs for
-its cross-worker step when every worker is on one host, instead of TF's
+What `tfdist.MultiWorkerMirroredStrategy` runs for its cross-worker step
+when every worker is on one host (its default `transport="auto"`, or
+`transport="host_memory"`), instead of TF's
 collective all-reduce over gRPC (2.8-3.5x faster for a 1.6 MB bucket
 between 2 local workers; the whole step: benchmarks/RESULTS.md,
 "transport=host_memory").
@@ -26,6 +27,12 @@ slot uses the other buffer, and a rank can write this buffer again only
 after every rank has passed the barrier of a later call, hence copied this
 call's result out.
 
+Whether processes share this memory (one host, one /dev/shm: not two
+containers with their own) is not known from addresses alone: each rank
+writes a fresh random `token` to a file of the group, the ranks exchange
+their tokens by another channel (the strategy uses TF's coordination
+service) and `shares_memory_with` checks that the peers' files hold them.
+
 A barrier is one byte, its value the sender's rank, written to each peer's
 FIFO, then one byte from each peer read from this rank's FIFO; bytes a
 faster peer sent for the next barrier wait counted in `_early`. A wait is
@@ -43,20 +50,27 @@ from __future__ import annotations
 
 import mmap
 import os
+import secrets
 import select
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from tfdist import errors
 
-__all__ = ["DIRECTORY", "HostGroup"]
+__all__ = ["DIRECTORY", "HostGroup", "available"]
 
 #: Where the segments and FIFOs live (a tmpfs on Linux).
 DIRECTORY = "/dev/shm"
+
+
+def available(directory: str | None = None) -> bool:
+    """Whether this process can create a group's files in `directory` (default `DIRECTORY`)."""
+    directory = DIRECTORY if directory is None else directory
+    return os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)
 
 
 class HostGroup:
@@ -71,9 +85,11 @@ class HostGroup:
       timeout_s: Bound on each barrier wait, seconds.
       peer_names: How errors name each rank (e.g. "worker:1"); default
         "rank N".
+      directory: Where the files live; default `DIRECTORY`.
 
     Raises:
       ConfigError: For a rank outside [0, size) or a size below 2.
+      OSError: If the group's files cannot be created in the directory.
     """
 
     def __init__(
@@ -84,13 +100,14 @@ class HostGroup:
         *,
         timeout_s: float,
         peer_names: Sequence[str] | None = None,
+        directory: str | None = None,
     ) -> None:
         if size < 2 or not 0 <= rank < size:
             raise errors.ConfigError(
                 f"a host-memory group needs 2 or more ranks and a rank among them; "
                 f"received rank={rank!r}, size={size!r}."
             )
-        self._prefix = os.path.join(DIRECTORY, f"tfdist-{name}")
+        self._prefix = os.path.join(DIRECTORY if directory is None else directory, f"tfdist-{name}")
         self._rank = rank
         self._size = size
         self._timeout_s = timeout_s
@@ -104,6 +121,13 @@ class HostGroup:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._calls = 0
+        self._closed = False
+        self._token = secrets.token_hex(16)
+        fd = os.open(self._token_path(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, self._token.encode())
+        finally:
+            os.close(fd)
 
     @property
     def rank(self) -> int:
@@ -112,6 +136,30 @@ class HostGroup:
     @property
     def size(self) -> int:
         return self._size
+
+    @property
+    def token(self) -> str:
+        """This rank's random token, in its file of the group (see `shares_memory_with`)."""
+        return self._token
+
+    def shares_memory_with(self, tokens: Mapping[int, str | None]) -> bool:
+        """Whether every peer's token, as it published it, is in its file here.
+
+        Call with every other rank's `token` (None for one not received).
+        True means each peer wrote into this process's directory, the same
+        memory; since sharing is mutual and transitive, every rank of the
+        group gets the same answer from the same tokens.
+        """
+        for rank in range(self._size):
+            if rank == self._rank:
+                continue
+            try:
+                with open(self._token_path(rank)) as f:
+                    if tokens.get(rank) is None or f.read() != tokens[rank]:
+                        return False
+            except FileNotFoundError:
+                return False
+        return True
 
     @property
     def calls(self) -> int:
@@ -149,7 +197,13 @@ class HostGroup:
             pass
 
     def close(self) -> None:
-        """Unmaps the segments and removes the group's files (a peer's open files stay valid)."""
+        """Unmaps the segments and removes the group's files (a peer's open files stay valid).
+
+        Idempotent; the group cannot be used after it.
+        """
+        if self._closed:
+            return
+        self._closed = True
         for segment in self._maps:
             try:
                 segment.close()
@@ -157,8 +211,9 @@ class HostGroup:
                 pass
         for fd in [*self._fifos, self._wake_read, self._wake_write]:
             os.close(fd)
-        for rank in range(self._size):  # A peer that never came leaves its FIFO to this rank.
+        for rank in range(self._size):  # A peer that never came leaves its files to this rank.
             _remove(self._fifo_path(rank))
+            _remove(self._token_path(rank))
         for slot, (buffers, _) in self._slots.items():
             _remove(self._segment_path(slot, buffers.shape[-1], buffers.dtype))
         self._slots.clear()
@@ -248,6 +303,9 @@ class HostGroup:
 
     def _fifo_path(self, rank: int) -> str:
         return f"{self._prefix}-fifo-{rank}"
+
+    def _token_path(self, rank: int) -> str:
+        return f"{self._prefix}-token-{rank}"
 
     def _segment_path(self, slot: int, n: int, dtype: np.dtype) -> str:
         return f"{self._prefix}-slot-{slot}-{n}-{np.dtype(dtype).name}"

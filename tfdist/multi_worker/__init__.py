@@ -4,6 +4,8 @@
   tfdist's hierarchical collectives, `tfdist/collectives/cross_worker.py`,
   bounded start-up and peer watchdog, `tfdist/watchdog/`, and one input
   pipeline per worker, `tfdist/data/distributed/`).
+- `transport`: which path gradient buckets take between workers (shared
+  memory where the workers share one host's, else gRPC).
 """
 
 from __future__ import annotations

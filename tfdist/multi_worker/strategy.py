@@ -28,8 +28,6 @@ appears.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import weakref
 
 from typing import Any
@@ -45,19 +43,19 @@ from tfdist.cluster import resolver as resolver_lib
 from tfdist.cluster import to_cluster_resolver
 from tfdist.collectives import cross_device_ops
 from tfdist.collectives import cross_worker
-from tfdist.collectives import host_memory
 from tfdist.data import options as data_options
 from tfdist.data.distributed import data_service
 from tfdist.data.distributed import split
 from tfdist.data.distributed import strategy_input
 from tfdist.collectives import fused_step
+from tfdist.multi_worker import transport as transport_lib
 from tfdist.watchdog import peer_watchdog
 from tfdist.watchdog import startup
 
 __all__ = ["DEFAULT_TIMEOUT_S", "TRANSPORTS", "MultiWorkerMirroredStrategy"]
 
 #: The values of `MultiWorkerMirroredStrategy(transport=...)`.
-TRANSPORTS = ("grpc", "host_memory")
+TRANSPORTS = transport_lib.TRANSPORTS
 
 #: Default bound on one cross-worker collective, in seconds.
 DEFAULT_TIMEOUT_S = peer_watchdog.DEFAULT_TIMEOUT_S
@@ -73,9 +71,9 @@ class MultiWorkerMirroredStrategy(
     model under `scope()` and calls `model.fit`. Gradients are all-reduced
     across all replicas of all workers by `cross_worker.HierarchicalAllReduce`:
     bucketed, summed locally with tfdist's algorithms, then across workers
-    with TensorFlow's collective ops over gRPC (optionally compressed), or
-    through shared memory with `transport="host_memory"`, then copied back
-    to the local devices.
+    through shared memory where the workers share one host's (the default
+    `transport="auto"`), else with TensorFlow's collective ops over gRPC
+    (optionally compressed), then copied back to the local devices.
 
     Contract: construction blocks until every worker of the cluster has
     started its strategy, for at most `timeout_s`. After that, a watchdog
@@ -114,12 +112,15 @@ class MultiWorkerMirroredStrategy(
         `tfdist/collectives/cross_worker.py`).
       timeout_s: Bound on each cross-worker collective and on start-up,
         seconds (> 0); default `DEFAULT_TIMEOUT_S` (300).
-      transport: How gradient buckets cross workers: "grpc" (TF's
-        collective ops, any cluster) or "host_memory" (shared memory in
-        /dev/shm, 2.8-3.5x faster for a 1.6 MB bucket; every chief and
-        worker on one host, as under `tfdist-launch --workers N` on one
-        machine). Other values (TF's path: variables' initial broadcast,
-        sparse rows) take TF's collectives either way.
+      transport: How gradient buckets cross workers: "auto" (the default:
+        "host_memory" where every chief and worker is on one host and
+        shares its /dev/shm, as under `tfdist-launch --workers N` on one
+        machine, else "grpc"), "grpc" (TF's collective ops, any cluster)
+        or "host_memory" (shared memory in /dev/shm, 2.8-3.5x faster for a
+        1.6 MB bucket; an error where the workers do not share it). Other
+        values (TF's path: variables' initial broadcast, sparse rows) take
+        TF's collectives either way. The `transport` property says which
+        one the job took.
       shard_options: `None` to cut each global batch of a plain dataset
         over all replicas of all workers, or a `tfdist.data.ShardOptions`
         to shard it with `tfdist.data.shard`.
@@ -134,7 +135,7 @@ class MultiWorkerMirroredStrategy(
         train (ps, evaluator), or a setting given twice (`cluster` and
         `cluster_resolver`, or in `communication_options` and as tfdist's
         argument), an unknown `transport`, or "host_memory" for workers on
-        several hosts.
+        several hosts or not sharing /dev/shm.
 
     Example:
       >>> strategy = tfdist.MultiWorkerMirroredStrategy()  # from TF_CONFIG
@@ -155,7 +156,7 @@ class MultiWorkerMirroredStrategy(
         compression: str | None = None,
         timeout_s: float | None = None,
         shard_options: data_options.ShardOptions | None = None,
-        transport: str = "grpc",
+        transport: str = "auto",
     ) -> None:
         # dict[str, Any]: TF_CONFIG is free-form JSON; parse_tf_config checks it.
         config = resolver_lib.resolve_cluster(cluster, cluster_resolver)
@@ -165,11 +166,7 @@ class MultiWorkerMirroredStrategy(
         timeout = validation.check_positive_number("timeout_s", timeout_s)
         cross_device_ops.check_options(all_reduce, bucket_bytes, compression)
         strategy_input.check_shard_options(shard_options)
-        if transport not in TRANSPORTS:
-            raise errors.ConfigError(
-                f"unknown transport; received transport={transport!r}. Use one of "
-                f"{', '.join(map(repr, TRANSPORTS))}."
-            )
+        transport_lib.check_transport(transport, config)
         if config.task is not None and config.task.task_type not in ("chief", "worker"):
             raise errors.ConfigError(
                 f"MultiWorkerMirroredStrategy runs on chief and worker tasks; "
@@ -183,20 +180,16 @@ class MultiWorkerMirroredStrategy(
             + len(config.cluster.addresses("worker"))
             > 1
         )
-        if multi_task and transport == "host_memory":
-            _check_one_host(config)
         if multi_task:
             startup.report_exposure(config, type(self).__name__)
             # Before TF starts the runtime: see peer_watchdog's docstring.
             startup.check_own_port(config)
+            transport_lib.remove_stale_files(config, transport)
             startup.configure_coordination(config, timeout)
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=bucket_bytes or 0,
             # No per-op timeout: the watchdog bounds the collectives.
             implementation=implementation,
-        )
-        host_group = (
-            _host_group(config, timeout) if multi_task and transport == "host_memory" else None
         )
         try:
             super().__init__(
@@ -204,11 +197,13 @@ class MultiWorkerMirroredStrategy(
                 communication_options=options,
             )
         except tf.errors.OpError as e:
-            if host_group is not None:
-                host_group.close()
             if not multi_task:
                 raise
             raise startup.start_up_error(config, timeout, e) from e
+        host_group = (
+            transport_lib.host_group(config, transport, timeout_s=timeout) if multi_task else None
+        )
+        self._transport = "host_memory" if host_group is not None else "grpc"
         if host_group is not None:
             weakref.finalize(self, host_group.close)
         self._gradient_ops = cross_device.replace_multi_worker_cross_device_ops(
@@ -254,6 +249,14 @@ class MultiWorkerMirroredStrategy(
             if multi_task
             else None
         )
+
+    @property
+    def transport(self) -> str:
+        """The transport this job's gradient buckets take between workers, "host_memory" or "grpc".
+
+        "grpc" also for a job of one task, which has no other worker.
+        """
+        return self._transport
 
     @property
     def cluster_config(self) -> ClusterConfig:
@@ -359,36 +362,3 @@ def _communication_settings(
     return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, implementation
 
 
-def _host_group(config: ClusterConfig, timeout_s: float) -> host_memory.HostGroup:
-    """This task's rank of its job's host-memory group (chief and workers, in cluster order)."""
-    assert config.cluster is not None and config.task is not None
-    tasks = _training_tasks(config)
-    digest = hashlib.sha256(f"{config.cluster.to_dict()}|{next(_HOST_GROUPS)}".encode())
-    return host_memory.HostGroup(
-        digest.hexdigest()[:16],
-        tasks.index(config.task),
-        len(tasks),
-        timeout_s=timeout_s,
-        peer_names=[t.name for t in tasks],
-    )
-
-
-def _training_tasks(config: ClusterConfig) -> list[Any]:
-    assert config.cluster is not None
-    return [t for t in config.cluster.tasks() if t.task_type in ("chief", "worker")]
-
-
-def _check_one_host(config: ClusterConfig) -> None:
-    """Raises ConfigError unless the chief and workers are all on one host."""
-    assert config.cluster is not None
-    addresses = [config.cluster.address(t) for t in _training_tasks(config)]
-    hosts = sorted({address.rsplit(":", 1)[0] for address in addresses})
-    if len(hosts) > 1:
-        raise errors.ConfigError(
-            f"transport='host_memory' needs every chief and worker on one host; "
-            f"received hosts {hosts}. Use transport='grpc' for a cluster of several hosts."
-        )
-
-
-#: Strategies built in this process: one host group each (built in the same order on every worker).
-_HOST_GROUPS = itertools.count()

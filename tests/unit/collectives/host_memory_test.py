@@ -123,6 +123,46 @@ class HostGroupErrorsTest(absltest.TestCase):
                 host_memory.HostGroup("unused", rank, size, timeout_s=1)
 
 
+class SharedMemoryCheckTest(absltest.TestCase):
+    """`shares_memory_with`: a peer's published token must be in its file here (tfdist/multi_worker/transport.py)."""
+
+    def _pair(self, directories):
+        name = f"test-{uuid.uuid4().hex[:12]}"
+        groups = [host_memory.HostGroup(name, r, 2, timeout_s=1, directory=d) for r, d in enumerate(directories)]
+        for group in groups:
+            self.addCleanup(group.close)
+        return groups
+
+    def test_ranks_in_one_directory_see_each_others_tokens(self):
+        first, second = self._pair([None, None])
+        self.assertNotEqual(first.token, second.token)
+        self.assertTrue(first.shares_memory_with({1: second.token}))
+        self.assertTrue(second.shares_memory_with({0: first.token}))
+
+    def test_ranks_in_separate_directories_do_not(self):
+        # As two containers with their own /dev/shm; same names, other memory.
+        first, second = self._pair([self.create_tempdir().full_path, self.create_tempdir().full_path])
+        self.assertFalse(first.shares_memory_with({1: second.token}))
+        self.assertFalse(second.shares_memory_with({0: first.token}))
+
+    def test_a_stale_or_missing_token_does_not_count(self):
+        first, second = self._pair([None, None])
+        self.assertFalse(first.shares_memory_with({1: "0" * 32}))  # A file left by an earlier job.
+        self.assertFalse(first.shares_memory_with({1: None}))  # Not published in time.
+        self.assertFalse(first.shares_memory_with({1: "-"}))  # A peer that made no group.
+
+    def test_close_removes_the_token_files(self):
+        first, second = self._pair([None, None])
+        name = os.path.basename(first._token_path(0)).rsplit("-token-", 1)[0]  # noqa: SLF001
+        first.close()
+        second.close()
+        self.assertEqual([f for f in os.listdir(host_memory.DIRECTORY) if f.startswith(name)], [])
+
+    def test_available_needs_a_writable_directory(self):
+        self.assertTrue(host_memory.available(self.create_tempdir().full_path))
+        self.assertFalse(host_memory.available(os.path.join(self.create_tempdir().full_path, "absent")))
+
+
 class MarkedErrorTest(absltest.TestCase):
     """A group's error raised inside a `tf.function` (as `fit` runs it) arrives as tfdist's class."""
 
