@@ -17,8 +17,8 @@ TF_CONFIG and trains a small model for 3 epochs of 8 steps. MODE:
 - `mesh_kill`, `mesh_stall`: as `kill` and `stall`, under `tfdist.MeshStrategy({"batch": 2, "model": 2},
   timeout_s=TIMEOUT_S)` on 2 logical CPUs per worker.
 - `host_kill`, `host_stall`: as `kill` and `stall`, with the strategy's
-  default transport (shared memory between these tasks); the three modes
-  above take `transport="grpc"`.
+  default transport (shared memory between these tasks); `kill`, `stall`
+  and `stall_before_build` take `transport="grpc"`.
 Every task appends each epoch it begins to OUT_DIR/epochs-begun-<pid>.
 
 - `restart`: trains with `keras.callbacks.BackupAndRestore(OUT_DIR/backup)`;

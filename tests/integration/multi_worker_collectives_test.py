@@ -59,8 +59,8 @@ def collectives_per_step(compression: str | None, transport: str) -> dict[str, o
     }
 
 
-def riders_summed(compression: str | None, transport: str) -> list[np.ndarray]:
-    """In each task: float32 riders that float16 and bfloat16 cannot hold, summed beside a gradient."""
+def riders_summed(compression: str | None, transport: str) -> list:
+    """In each task: its transport, then float32 riders that float16 and bfloat16 cannot hold, summed beside a gradient."""
     strategy = tfdist.MultiWorkerMirroredStrategy(timeout_s=60, compression=compression, transport=transport)
     task = strategy.cluster_config.worker_index
     gradient = tf.fill([64], 0.5 + task)
@@ -75,7 +75,7 @@ def riders_summed(compression: str | None, transport: str) -> list[np.ndarray]:
         return strategy.run(replica_fn)
 
     (summed_gradient,), sums = step()
-    return [summed_gradient.numpy()] + [s.numpy() for s in sums]
+    return [strategy.transport, summed_gradient.numpy()] + [s.numpy() for s in sums]
 
 
 def overrides_and_custom_reduces() -> dict[str, object]:
@@ -151,7 +151,8 @@ class CollectivesPerStepTest(parameterized.TestCase):
             np.array([2e-8, 70000.5 * 3], np.float32),
         ]
         for result in results:
-            for got, want in zip(result, expected):
+            self.assertEqual(result[0], "host_memory" if transport == "auto" else transport)
+            for got, want in zip(result[1:], expected, strict=True):
                 np.testing.assert_array_equal(got, want)
 
 

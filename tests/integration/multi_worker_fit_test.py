@@ -78,6 +78,7 @@ class MultiWorkerFitTest(tf.test.TestCase):
             self.assertEqual(worker["transport"], "host_memory")
             # Every step's buckets went through the group: 2 epochs of 4 steps.
             self.assertGreaterEqual(worker["host_calls"], 2 * 4)
+        self.assertEqual(self.workers[0]["host_calls"], self.workers[1]["host_calls"])
 
     def test_workers_end_with_identical_weights(self):
         first, second = self.workers
@@ -134,6 +135,13 @@ class CompressedMultiWorkerFitTest(tf.test.TestCase, parameterized.TestCase):
             timeout_s=CLUSTER_TIMEOUT_S,
         )
         reference = train(False)
+        for worker in workers:
+            if transport == "auto":  # Several buckets a step through the group: 2 epochs of 4 steps.
+                self.assertEqual(worker["transport"], "host_memory")
+                self.assertGreaterEqual(worker["host_calls"], 2 * 4 * 2)
+            else:
+                self.assertEqual((worker["transport"], worker["host_calls"]), ("grpc", 0))
+        self.assertEqual(workers[0]["host_calls"], workers[1]["host_calls"])
         _assert_fit_matches(self, workers, reference, rtol=0, atol=atol)
         deviation = max(
             float(np.max(np.abs(a - b)))
@@ -198,7 +206,7 @@ class TransportChoiceTest(tf.test.TestCase):
             _transport_in_own_shm, num_workers=2, args=("host_memory",), timeout_s=CLUSTER_TIMEOUT_S
         )
         for task, result in zip(("worker:0", "worker:1"), results):
-            self.assertRegex(result, rf"ConfigError: .*share \S+; {task} does not see its peers' files")
+            self.assertRegex(result, rf"ConfigError: .*share \S+; {task} and its peers do not all see each other's files")
 
 
 def _embedding_model(keras):

@@ -32,6 +32,9 @@ containers with their own) is not known from addresses alone: each rank
 writes a fresh random `token` to a file of the group, the ranks exchange
 their tokens by another channel (the strategy uses TF's coordination
 service) and `shares_memory_with` checks that the peers' files hold them.
+Each rank holds a shared lock on its token file while the group lives, so
+`remove_stale_groups` can tell the files of a crashed job's group (no
+rank locks them) from a live one's.
 
 A barrier is one byte, its value the sender's rank, written to each peer's
 FIFO, then one byte from each peer read from this rank's FIFO; bytes a
@@ -48,6 +51,8 @@ group is aborted: every later call raises it again.
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import mmap
 import os
 import secrets
@@ -61,7 +66,7 @@ import numpy as np
 
 from tfdist import errors
 
-__all__ = ["DIRECTORY", "HostGroup", "available"]
+__all__ = ["DIRECTORY", "HostGroup", "available", "remove_stale_groups"]
 
 #: Where the segments and FIFOs live (a tmpfs on Linux).
 DIRECTORY = "/dev/shm"
@@ -112,22 +117,24 @@ class HostGroup:
         self._size = size
         self._timeout_s = timeout_s
         self._names = list(peer_names) if peer_names is not None else [f"rank {r}" for r in range(size)]
-        self._fifos = [self._open_fifo(r) for r in range(size)]
-        self._own = self._fifos[rank]
         self._early = [0] * size  # Barrier bytes read ahead of their barrier, per sender.
         self._slots: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (buffers, uses)
         self._maps: list[mmap.mmap] = []
-        self._wake_read, self._wake_write = os.pipe()
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._calls = 0
         self._closed = False
         self._token = secrets.token_hex(16)
-        fd = os.open(self._token_path(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._fds: list[int] = []  # Closed by close(): FIFOs, the wake pipe, the token file.
         try:
-            os.write(fd, self._token.encode())
-        finally:
-            os.close(fd)
+            self._fifos = [self._open_fifo(r) for r in range(size)]
+            self._wake_read, self._wake_write = os.pipe()
+            self._fds += [self._wake_read, self._wake_write]
+            self._fds.append(self._write_token())
+        except BaseException:
+            self.close()
+            raise
+        self._own = self._fifos[rank]
 
     @property
     def rank(self) -> int:
@@ -209,13 +216,14 @@ class HostGroup:
                 segment.close()
             except BufferError:  # A result still viewed by a caller: left to the GC.
                 pass
-        for fd in [*self._fifos, self._wake_read, self._wake_write]:
-            os.close(fd)
         for rank in range(self._size):  # A peer that never came leaves its files to this rank.
             _remove(self._fifo_path(rank))
             _remove(self._token_path(rank))
         for slot, (buffers, _) in self._slots.items():
             _remove(self._segment_path(slot, buffers.shape[-1], buffers.dtype))
+        for fd in self._fds:  # The token file's last: its lock says the group is alive.
+            os.close(fd)
+        self._fds.clear()
         self._slots.clear()
         self._maps.clear()
 
@@ -299,7 +307,28 @@ class HostGroup:
                     f"{path} exists and is not a FIFO; remove it (a file of another program?)."
                 ) from None
         # Read-write: never blocks on open, and no end-of-file when a peer closes.
-        return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        self._fds.append(fd)
+        return fd
+
+    def _write_token(self) -> int:
+        """Writes this rank's token file, locked (shared) while the group lives; returns its fd.
+
+        Written under another name and renamed, so the file is never seen
+        unlocked (`remove_stale_groups`).
+        """
+        path = self._token_path(self._rank)
+        scratch = f"{path}.{os.getpid()}"
+        fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            os.write(fd, self._token.encode())
+            os.rename(scratch, path)
+        except BaseException:
+            os.close(fd)
+            _remove(scratch)
+            raise
+        return fd
 
     def _fifo_path(self, rank: int) -> str:
         return f"{self._prefix}-fifo-{rank}"
@@ -311,8 +340,41 @@ class HostGroup:
         return f"{self._prefix}-slot-{slot}-{n}-{np.dtype(dtype).name}"
 
 
+def remove_stale_groups(directory: str | None = None) -> list[str]:
+    """Removes the files of groups no live process holds; returns their names.
+
+    A crashed (or killed) job leaves its group's files in `directory`
+    (default `DIRECTORY`). A group is live while any of its ranks holds
+    the lock on its token file (from construction to `close`, or the
+    process's end); a group none of whose token files is locked is
+    removed whole. Any process may call it at any time.
+    """
+    directory = DIRECTORY if directory is None else directory
+    live: dict[str, bool] = {}
+    for path in glob.glob(os.path.join(glob.escape(directory), "tfdist-*-token-*")):
+        prefix = path.rsplit("-token-", 1)[0]
+        if "." in os.path.basename(path) or live.get(prefix):
+            continue  # A token being written, or a group already known live.
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # Gone, or another user's.
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            live.setdefault(prefix, False)
+        except OSError:
+            live[prefix] = True
+        finally:
+            os.close(fd)
+    stale = [prefix for prefix, is_live in live.items() if not is_live]
+    for prefix in stale:
+        for path in glob.glob(glob.escape(prefix) + "-*"):
+            _remove(path)
+    return [os.path.basename(prefix)[len("tfdist-"):] for prefix in stale]
+
+
 def _remove(path: str) -> None:
     try:
         os.remove(path)
-    except FileNotFoundError:
+    except OSError:  # Gone, or another user's (a sticky directory).
         pass

@@ -184,7 +184,6 @@ class MultiWorkerMirroredStrategy(
             startup.report_exposure(config, type(self).__name__)
             # Before TF starts the runtime: see peer_watchdog's docstring.
             startup.check_own_port(config)
-            transport_lib.remove_stale_files(config, transport)
             startup.configure_coordination(config, timeout)
         options = tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=bucket_bytes or 0,

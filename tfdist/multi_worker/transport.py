@@ -10,19 +10,27 @@
 
 Workers share memory only if they run on one host *and* see the same
 /dev/shm (two containers on one host may each have their own), which
-addresses alone do not tell. So where the addresses name one host, every
-task makes its group (writing a random token to a file of it), publishes
-its token in TF's coordination service, and reads its peers': the group
-is used only if each peer's token is in its file here. The check gives
-every task the same answer (sharing is mutual and transitive), so no task
-takes shared memory while another takes gRPC.
+addresses alone do not tell. So where the addresses name one host, the
+tasks agree through TF's coordination service, in three rounds:
+
+1. the first task publishes a random run id, which names the group's
+   files (a job on the same addresses, or in another network namespace
+   over the same /dev/shm, never meets them);
+2. every task makes its group (writing a random token to a file of it)
+   and publishes the token;
+3. every task publishes whether each peer's token is in its file here,
+   and takes the group only if every task said yes.
+
+Sharing is mutual and transitive, so the tasks' answers in round 3 agree
+anyway; the round makes that hold where a task could not make its group
+or read a token in time too. Before making its group, a task removes the
+files of groups whose processes are all gone (`host_memory.remove_stale_groups`).
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
-import os
+import secrets
+import time
 
 from absl import logging
 
@@ -31,7 +39,7 @@ from tfdist._internal import coordination
 from tfdist.cluster import ClusterConfig
 from tfdist.collectives import host_memory
 
-__all__ = ["TRANSPORTS", "check_transport", "host_group", "remove_stale_files"]
+__all__ = ["TRANSPORTS", "check_transport", "host_group"]
 
 #: The values of `MultiWorkerMirroredStrategy(transport=...)`.
 TRANSPORTS = ("auto", "grpc", "host_memory")
@@ -62,32 +70,17 @@ def check_transport(transport: str, config: ClusterConfig) -> None:
         )
 
 
-def remove_stale_files(config: ClusterConfig, transport: str) -> None:
-    """In the first training task: removes files a crashed job on these addresses left in /dev/shm.
-
-    Call before TF's runtime starts and after this task's port was found
-    free (no live job has these addresses), before this process made a
-    group: peers make theirs only once every task has started.
-    """
-    assert config.cluster is not None and config.task is not None
-    if transport == "grpc" or _made_groups or _training_tasks(config)[0] != config.task:
-        return
-    for path in glob.glob(os.path.join(host_memory.DIRECTORY, f"tfdist-{_fingerprint(config)}-*")):
-        try:
-            os.remove(path)
-        except OSError:  # Another user's, or gone.
-            pass
-
-
 def host_group(
     config: ClusterConfig, transport: str, *, timeout_s: float
 ) -> host_memory.HostGroup | None:
     """This task's host-memory group, or None where buckets take gRPC.
 
     Every chief and worker must call it, after TF's runtime has started
-    (it uses the coordination service), with the same `transport`; each
-    blocks until its peers have published their tokens (at most
-    `timeout_s` per peer). Every task returns a group, or every task None.
+    (it uses the coordination service), with the same `transport`. It
+    blocks until every peer has answered each round (a run id from the
+    first task, the tokens, the verdicts), for at most `timeout_s` in all.
+    Every task returns a group, or every task None, unless a peer stops
+    answering within that bound (a job that then fails on its first step).
 
     Raises:
       ConfigError: For `transport="host_memory"` when the workers do not
@@ -99,24 +92,32 @@ def host_group(
     global _made_groups
     _made_groups += 1
     tasks = _training_tasks(config)
-    rank = tasks.index(config.task)
-    name = f"{_fingerprint(config)}-{_made_groups}"
-    group = None
-    if host_memory.available():
-        try:
-            group = host_memory.HostGroup(
-                name, rank, len(tasks), timeout_s=timeout_s, peer_names=[t.name for t in tasks]
-            )
-        except OSError as e:
-            logging.warning("tfdist: cannot make a host-memory group in %s (%s).", host_memory.DIRECTORY, e)
-    prefix = f"tfdist/host_memory/{name}"
-    coordination.set_key(f"{prefix}/{rank}", group.token if group is not None else _NO_TOKEN)
-    tokens = {
-        r: coordination.get_key(f"{prefix}/{r}", timeout_s=timeout_s)
-        for r in range(len(tasks))
-        if r != rank
-    }
-    if group is not None and group.shares_memory_with(tokens):
+    rank, peers = tasks.index(config.task), [r for r in range(len(tasks)) if r != tasks.index(config.task)]
+    deadline = time.monotonic() + timeout_s
+    keys = f"tfdist/host_memory/{_made_groups}"
+
+    def get(key: str) -> str | None:
+        return coordination.get_key(key, timeout_s=max(deadline - time.monotonic(), 0.001))
+
+    # A name of this run's own: a job on the same addresses, or one in another
+    # network namespace that shares this /dev/shm, never meets these files.
+    if rank == 0:
+        coordination.set_key(f"{keys}/run", secrets.token_hex(8))
+    run = get(f"{keys}/run")
+    group = _make_group(run, rank, tasks, timeout_s) if run is not None else None
+    try:
+        coordination.set_key(f"{keys}/token/{rank}", group.token if group is not None else _NO_TOKEN)
+        tokens = {r: get(f"{keys}/token/{r}") for r in peers}
+        sees_all = group is not None and _shares(group, tokens)
+        coordination.set_key(f"{keys}/verdict/{rank}", "1" if sees_all else "0")
+        # Every task decides on every verdict: one that saw a token late still agrees.
+        agreed = sees_all and all(get(f"{keys}/verdict/{r}") == "1" for r in peers)
+    except BaseException:
+        if group is not None:
+            group.close()
+        raise
+    if agreed:
+        assert group is not None
         logging.info("tfdist: gradients cross the %d workers of this host through shared memory.", len(tasks))
         return group
     if group is not None:
@@ -124,18 +125,33 @@ def host_group(
     if transport == "host_memory":
         raise errors.ConfigError(
             f"transport='host_memory' needs every chief and worker to share "
-            f"{host_memory.DIRECTORY}; {config.task.name} does not see its peers' "
-            "files there (tasks in separate containers or namespaces?). Use "
-            "transport='auto' or 'grpc', or give the tasks one /dev/shm."
+            f"{host_memory.DIRECTORY}; {config.task.name} and its peers do not all "
+            "see each other's files there (tasks in separate containers or namespaces?). "
+            "Use transport='auto' or 'grpc', or give the tasks one /dev/shm."
         )
     logging.info("tfdist: the workers do not share %s; gradients cross them over gRPC.", host_memory.DIRECTORY)
     return None
 
 
-def _fingerprint(config: ClusterConfig) -> str:
-    """The same short hash of the cluster in every task: its groups' files start with it."""
-    assert config.cluster is not None
-    return hashlib.sha256(f"{config.cluster.to_dict()}".encode()).hexdigest()[:16]
+def _make_group(run: str, rank: int, tasks: list, timeout_s: float) -> host_memory.HostGroup | None:
+    """This task's group of run `run`, or None (logged) where it cannot make one."""
+    if not host_memory.available():
+        return None
+    try:
+        host_memory.remove_stale_groups()  # What crashed jobs left: any whose processes are gone.
+        return host_memory.HostGroup(
+            run, rank, len(tasks), timeout_s=timeout_s, peer_names=[t.name for t in tasks]
+        )
+    except (OSError, errors.ConfigError) as e:
+        logging.warning("tfdist: cannot make a host-memory group in %s (%s).", host_memory.DIRECTORY, e)
+        return None
+
+
+def _shares(group: host_memory.HostGroup, tokens: dict[int, str | None]) -> bool:
+    try:
+        return group.shares_memory_with(tokens)
+    except OSError:  # A file this task may not read: not one it shares.
+        return False
 
 
 def _training_tasks(config: ClusterConfig) -> list:

@@ -163,6 +163,42 @@ class SharedMemoryCheckTest(absltest.TestCase):
         self.assertFalse(host_memory.available(os.path.join(self.create_tempdir().full_path, "absent")))
 
 
+# A rank that dies without closing its group (as a SIGKILLed or SIGTERMed task).
+_DIES = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("host_memory", sys.argv[1])
+host_memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(host_memory)
+host_memory.HostGroup(sys.argv[2], int(sys.argv[3]), 2, timeout_s=1, directory=sys.argv[4])
+os._exit(0)
+"""
+
+
+class RemoveStaleGroupsTest(absltest.TestCase):
+    """Files of groups whose processes are all gone are removed; a live rank keeps its group's."""
+
+    def _dies(self, name, rank, directory):
+        subprocess.run([sys.executable, "-c", _DIES, _MODULE, name, str(rank), directory], check=True, timeout=_BOUND_S)
+
+    def test_a_group_whose_ranks_all_died_is_removed_whole(self):
+        directory = self.create_tempdir().full_path
+        for rank in range(2):
+            self._dies("dead", rank, directory)
+        self.assertLen(os.listdir(directory), 4)  # Two FIFOs, two tokens.
+        self.assertEqual(host_memory.remove_stale_groups(directory), ["dead"])
+        self.assertEqual(os.listdir(directory), [])
+
+    def test_a_group_with_a_live_rank_stays(self):
+        directory = self.create_tempdir().full_path
+        live = host_memory.HostGroup("live", 0, 2, timeout_s=1, directory=directory)
+        self.addCleanup(live.close)
+        self._dies("live", 1, directory)  # Its peer died: the group stays while this rank lives.
+        self.assertEqual(host_memory.remove_stale_groups(directory), [])
+        self.assertLen(os.listdir(directory), 4)
+        live.close()
+        self.assertEqual(os.listdir(directory), [])
+
+
 class MarkedErrorTest(absltest.TestCase):
     """A group's error raised inside a `tf.function` (as `fit` runs it) arrives as tfdist's class."""
 
