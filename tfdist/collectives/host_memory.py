@@ -164,7 +164,7 @@ class HostGroup:
                 with open(self._token_path(rank)) as f:
                     if tokens.get(rank) is None or f.read() != tokens[rank]:
                         return False
-            except FileNotFoundError:
+            except OSError:  # Absent, or a file this process may not read: not shared.
                 return False
         return True
 

@@ -359,5 +359,3 @@ def _communication_settings(
     if implementation == tf.distribute.experimental.CommunicationImplementation.AUTO:
         implementation = ring
     return (DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s), bucket_bytes, implementation
-
-

@@ -36,6 +36,7 @@ from absl import logging
 
 from tfdist import errors
 from tfdist._internal import coordination
+from tfdist.cluster import Address
 from tfdist.cluster import ClusterConfig
 from tfdist.collectives import host_memory
 
@@ -92,7 +93,8 @@ def host_group(
     global _made_groups
     _made_groups += 1
     tasks = _training_tasks(config)
-    rank, peers = tasks.index(config.task), [r for r in range(len(tasks)) if r != tasks.index(config.task)]
+    rank = tasks.index(config.task)
+    peers = [r for r in range(len(tasks)) if r != rank]
     deadline = time.monotonic() + timeout_s
     keys = f"tfdist/host_memory/{_made_groups}"
 
@@ -105,23 +107,20 @@ def host_group(
         coordination.set_key(f"{keys}/run", secrets.token_hex(8))
     run = get(f"{keys}/run")
     group = _make_group(run, rank, tasks, timeout_s) if run is not None else None
+    agreed = False
     try:
         coordination.set_key(f"{keys}/token/{rank}", group.token if group is not None else _NO_TOKEN)
         tokens = {r: get(f"{keys}/token/{r}") for r in peers}
-        sees_all = group is not None and _shares(group, tokens)
+        sees_all = group is not None and group.shares_memory_with(tokens)
         coordination.set_key(f"{keys}/verdict/{rank}", "1" if sees_all else "0")
         # Every task decides on every verdict: one that saw a token late still agrees.
         agreed = sees_all and all(get(f"{keys}/verdict/{r}") == "1" for r in peers)
-    except BaseException:
-        if group is not None:
+    finally:
+        if group is not None and not agreed:
             group.close()
-        raise
     if agreed:
-        assert group is not None
         logging.info("tfdist: gradients cross the %d workers of this host through shared memory.", len(tasks))
         return group
-    if group is not None:
-        group.close()
     if transport == "host_memory":
         raise errors.ConfigError(
             f"transport='host_memory' needs every chief and worker to share "
@@ -147,13 +146,6 @@ def _make_group(run: str, rank: int, tasks: list, timeout_s: float) -> host_memo
         return None
 
 
-def _shares(group: host_memory.HostGroup, tokens: dict[int, str | None]) -> bool:
-    try:
-        return group.shares_memory_with(tokens)
-    except OSError:  # A file this task may not read: not one it shares.
-        return False
-
-
 def _training_tasks(config: ClusterConfig) -> list:
     assert config.cluster is not None
     return [t for t in config.cluster.tasks() if t.task_type in ("chief", "worker")]
@@ -162,5 +154,4 @@ def _training_tasks(config: ClusterConfig) -> list:
 def _hosts(config: ClusterConfig) -> list[str]:
     if config.cluster is None:
         return []
-    addresses = [config.cluster.address(t) for t in _training_tasks(config)]
-    return sorted({address.rsplit(":", 1)[0] for address in addresses})
+    return sorted({Address.parse(config.cluster.address(t)).host for t in _training_tasks(config)})
